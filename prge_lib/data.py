@@ -1,0 +1,141 @@
+"""Task data: read a split (local JSON Lines or the hub), sample the MeZO protocol splits, batch with
+left padding, and measure how much of a batch is padding (seed 000 §3.1, Fig. 2/8; chapters 0 and 5).
+
+MeZO protocol (Malladi et al. 2023; seed 000 §4.1): from the train split, a seeded sample of 1000 training
+and 500 validation examples (disjoint); from the validation split, 1000 test examples. Where the local
+copy lacks a train split (BoolQ, WinoGrande, SQuAD) all three are carved disjointly from the validation
+split; where a split is too small, the sizes shrink in the protocol's proportions. Every such deviation is
+written into ``TaskData.notes`` so results can carry it.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import data_dir
+from .tasks import Task
+
+PROTOCOL = {"n_train": 1000, "n_val": 500, "n_test": 1000}
+
+
+class DataUnavailableError(RuntimeError):
+    """A split that cannot be read here (no local file, no hub)."""
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_split(task: Task, split: str, root: Path | None = None) -> list[dict]:
+    """Rows of one split in the hub's schema: ``<root>/<task.path>/<split>.jsonl`` or the hub.
+
+    ``root`` defaults to ``PRGE_DATA_DIR``; when that is unset the rows come from ``datasets.load_dataset``.
+    """
+    root = data_dir() if root is None else Path(root)
+    if root is not None:
+        path = root / task.path / f"{split}.jsonl"
+        if not path.is_file():
+            raise DataUnavailableError(
+                f"task {task.name!r}: looked for {path} and found no such file "
+                f"(data folder {root}; expected layout <dataset>/<config>/<split>.jsonl)")
+        return read_jsonl(path)
+    return _load_from_hub(task, split)
+
+
+def _load_from_hub(task: Task, split: str) -> list[dict]:
+    import datasets
+
+    from .models import hub_reachable
+
+    repo, config = task.hub
+    if not hub_reachable():
+        raise DataUnavailableError(
+            f"task {task.name!r}: PRGE_DATA_DIR is not set and the Hugging Face hub is unreachable, so "
+            f"{repo} ({config}, split {split!r}) cannot be read. Point PRGE_DATA_DIR at a folder holding "
+            f"{task.path}/{split}.jsonl")
+    return list(datasets.load_dataset(repo, config, split=split))
+
+
+def _shrunk(sizes: dict[str, int], available: int) -> dict[str, int]:
+    need = sum(sizes.values())
+    if available >= need:
+        return dict(sizes)
+    return {k: v * available // need for k, v in sizes.items()}
+
+
+@dataclass
+class TaskData:
+    task: str
+    seed: int
+    train: list[dict]
+    val: list[dict]
+    test: list[dict]
+    notes: list[str] = field(default_factory=list)
+
+    def sizes(self) -> dict[str, int]:
+        return {"train": len(self.train), "val": len(self.val), "test": len(self.test)}
+
+
+def sample_task(task: Task, seed: int = 0, n_train: int = 1000, n_val: int = 500, n_test: int = 1000,
+                root: Path | None = None) -> TaskData:
+    """Seeded, disjoint train / validation / test samples following the MeZO protocol (see module doc)."""
+    rng = random.Random(seed)
+    notes = []
+    if (n_train, n_val, n_test) != tuple(PROTOCOL.values()):
+        notes.append(f"sizes {n_train}/{n_val}/{n_test} requested instead of the protocol's 1000/500/1000")
+    evaluation = load_split(task, "validation", root)
+    if "train" in task.splits:
+        train_rows = load_split(task, "train", root)
+        order = rng.sample(range(len(train_rows)), len(train_rows))
+        size = _shrunk({"train": n_train, "val": n_val}, len(train_rows))
+        if size != {"train": n_train, "val": n_val}:
+            notes.append(f"the train split has {len(train_rows)} rows, fewer than {n_train + n_val}: "
+                         f"train/val shrunk to {size['train']}/{size['val']}")
+        train = [train_rows[i] for i in order[:size["train"]]]
+        val = [train_rows[i] for i in order[size["train"]:size["train"] + size["val"]]]
+        test_order = rng.sample(range(len(evaluation)), len(evaluation))
+        test = [evaluation[i] for i in test_order[:n_test]]
+        if len(test) < n_test:
+            notes.append(f"the validation split has {len(evaluation)} rows: all of them form the test set")
+    else:
+        order = rng.sample(range(len(evaluation)), len(evaluation))
+        size = _shrunk({"test": n_test, "train": n_train, "val": n_val}, len(evaluation))
+        notes.append(f"no train split available: train/val/test = {size['train']}/{size['val']}/{size['test']} "
+                     f"carved disjointly from the {len(evaluation)}-row validation split (seed {seed})")
+        test = [evaluation[i] for i in order[:size["test"]]]
+        train = [evaluation[i] for i in order[size["test"]:size["test"] + size["train"]]]
+        start = size["test"] + size["train"]
+        val = [evaluation[i] for i in order[start:start + size["val"]]]
+    return TaskData(task.name, seed, train, val, test, notes)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack token-id lists into (input_ids, attention_mask), padding on the left so that every
+    sequence ends at the last position, where the answer token is read (chapter 0)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def padding_share(lengths: list[int], batch_size: int, seed: int = 0) -> float:
+    """Share of padding tokens when examples of these lengths are shuffled (seeded) and batched:
+    sum over batches of (B · max_len − Σ len) / sum of B · max_len (seed 000 Fig. 2/8)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = random.Random(seed).sample(list(lengths), len(lengths))
+    padded = real = 0
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        padded += max(batch) * len(batch)
+        real += sum(batch)
+    return 0.0 if padded == 0 else (padded - real) / padded

@@ -1,0 +1,81 @@
+"""What every result file records: command, commit, library versions, hardware, wall time.
+
+A result without its provenance cannot be checked, so ``write_result`` refuses to write one without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "datasets", "executorch", "prge-lib")
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware() -> dict:
+    import torch
+
+    info = {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cuda": None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        info["cpu"] = platform.processor() or None
+    if torch.cuda.is_available():
+        info["cuda"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def provenance(wall_time_s: float | None = None) -> dict:
+    """The provenance block of a result: command line, commit, versions, hardware, time stamp."""
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "commit": git_commit(),
+        "versions": library_versions(),
+        "hardware": hardware(),
+        "fast_mode": os.environ.get("PRGE_FAST", ""),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_time_s": None if wall_time_s is None else round(wall_time_s, 3),
+    }
+
+
+def write_result(path: str | os.PathLike, result: dict) -> Path:
+    """Write ``result`` as JSON atomically (a crash never leaves half a file). It must carry provenance."""
+    if "provenance" not in result or "seed" not in result:
+        raise ValueError("a result must carry 'provenance' and 'seed' (see prge_lib.provenance.provenance)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
