@@ -1,0 +1,57 @@
+"""Tiny synthetic data in the hub schema of all 14 tasks, written by the tests themselves.
+
+The rows are made up (numbered sentences), so tests that need no real data run anywhere; they exercise
+the loaders, the sampling and the templates, not the models' accuracy.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prge_lib.tasks import TASKS
+
+
+def _row(task: str, i: int) -> dict:
+    s, t = f"Sentence {i} is about a cat.", f"Sentence {i} is about a dog."
+    binary = i % 2
+    rows = {
+        "sst2": {"sentence": f"film number {i} is fine . ", "label": binary, "idx": i},
+        "rte": {"sentence1": s, "sentence2": t, "label": binary, "idx": i},
+        "mrpc": {"sentence1": s, "sentence2": t, "label": binary, "idx": i},
+        "qqp": {"question1": f"Why is {i} odd?", "question2": f"Is {i} odd?", "label": binary, "idx": i},
+        "qnli": {"question": f"What is {i}?", "sentence": s, "label": binary, "idx": i},
+        "wnli": {"sentence1": s, "sentence2": t, "label": binary, "idx": i},
+        "boolq": {"question": f"is {i} a number", "passage": f"Numbers -- {i} is a number.", "idx": i,
+                  "label": binary},
+        "cb": {"premise": s, "hypothesis": t, "idx": i, "label": i % 3},
+        "wsc": {"text": f"Ann met Bo {i} times because she liked him .", "span1_index": 0, "span2_index": 7,
+                "span1_text": "Ann", "span2_text": "she", "idx": i, "label": binary},
+        "wic": {"word": "bank", "sentence1": f"The bank {i} is open.", "sentence2": "The river bank is wet.",
+                "start1": 4, "start2": 10, "end1": 8, "end2": 14, "idx": i, "label": binary},
+        "multirc": {"paragraph": f"Tom has {i} apples. He eats one.", "question": "How many apples?",
+                    "answer": str(i), "idx": {"paragraph": i, "question": 0, "answer": 0}, "label": binary},
+        "copa": {"premise": f"The glass {i} fell.", "choice1": "It broke.", "choice2": "It sang.",
+                 "question": "effect" if binary else "cause", "idx": i, "label": binary},
+        "winogrande": {"sentence": f"Ann gave Bo {i} books because _ had too many.", "option1": "Ann",
+                       "option2": "Bo", "answer": str(1 + binary)},
+        "squad": {"id": f"q{i}", "title": "Some_Title", "context": f"The answer is {i} apples.",
+                  "question": "What is the answer?", "answers": {"text": [f"{i} apples"], "answer_start": [14]}},
+    }
+    return rows[task]
+
+
+def write_fixture_data(root: Path, n_train: int = 40, n_validation: int = 24) -> Path:
+    """Write ``<root>/<task.path>/<split>.jsonl`` for every task (only the splits the task has)."""
+    for task in TASKS.values():
+        folder = Path(root) / task.path
+        folder.mkdir(parents=True, exist_ok=True)
+        counts = {"train": n_train, "validation": n_validation}
+        offset = 0
+        for split in ("train", "validation"):
+            if split not in task.splits:
+                continue
+            with open(folder / f"{split}.jsonl", "w") as f:
+                for i in range(offset, offset + counts[split]):
+                    f.write(json.dumps(_row(task.name, i)) + "\n")
+            offset += counts[split]
+    return Path(root)
