@@ -13,6 +13,7 @@ from collections import Counter
 
 import torch
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .data import left_pad
 from .metrics import accuracy, exact_match, f1_score, ranking_auc
@@ -64,6 +65,17 @@ def continuation_logprob(model, tokenizer, pairs: list[tuple[str, str]], batch_s
     return scores
 
 
+class _FirstLineDone(StoppingCriteria):
+    """Stop a row once its generated text holds a line break after some non-blank text."""
+
+    def __init__(self, tokenizer, prompt_width: int):
+        self.tokenizer, self.prompt_width = tokenizer, prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
+        return torch.tensor(["\n" in t.lstrip() for t in texts], device=input_ids.device)
+
+
 @torch.no_grad()
 def generate_answers(model, tokenizer, prompts: list[str], batch_size: int = 8, max_new_tokens: int = 24,
                      desc: str = "generate") -> list[str]:
@@ -74,6 +86,7 @@ def generate_answers(model, tokenizer, prompts: list[str], batch_size: int = 8, 
         ids, mask = left_pad([encoded[i] for i in batch], tokenizer.pad_token_id)
         out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
                              max_new_tokens=max_new_tokens, do_sample=False,
+                             stopping_criteria=StoppingCriteriaList([_FirstLineDone(tokenizer, ids.shape[1])]),
                              pad_token_id=tokenizer.pad_token_id)
         for row, i in enumerate(batch):
             text = tokenizer.decode(out[row, ids.shape[1]:], skip_special_tokens=True)
