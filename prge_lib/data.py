@@ -1,7 +1,7 @@
 """Task data: read a split (local JSON Lines or the hub), sample the MeZO protocol splits, batch with
-left padding, and measure how much of a batch is padding (seed 000 §3.1, Fig. 2/8; chapters 0 and 5).
+left padding, and measure how much of a batch is padding (Gao et al. §3.1, Fig. 2/8; chapters 0 and 5).
 
-MeZO protocol (Malladi et al. 2023; seed 000 §4.1): from the train split, a seeded sample of 1000 training
+MeZO protocol (Malladi et al. 2023; Gao et al. §4.1): from the train split, a seeded sample of 1000 training
 and 500 validation examples (disjoint); from the validation split, 1000 test examples. Where the local
 copy lacks a train split (BoolQ, WinoGrande, SQuAD) all three are carved disjointly from the validation
 split; where a split is too small, the sizes shrink in the protocol's proportions. Every such deviation is
@@ -129,7 +129,7 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 def padding_share(lengths: list[int], batch_size: int, seed: int = 0) -> float:
     """Share of padding tokens when examples of these lengths are shuffled (seeded) and batched:
-    sum over batches of (B · max_len − Σ len) / sum of B · max_len (seed 000 Fig. 2/8)."""
+    sum over batches of (B · max_len − Σ len) / sum of B · max_len (Gao et al. Fig. 2/8)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = random.Random(seed).sample(list(lengths), len(lengths))

@@ -1,6 +1,6 @@
 """Zero-shot evaluation of any task on any causal LM (chapter 0; reused for every evaluation later).
 
-  * classification: compare the label words' logits at the answer position (seed 000 §4.1);
+  * classification: compare the label words' logits at the answer position (Gao et al. §4.1);
   * multiple choice: compare the options' mean log-likelihood per continuation token;
   * SQuAD: greedy generation after "Answer:" up to a newline, F1 / exact match against all gold answers.
 

