@@ -1,0 +1,85 @@
+"""First-order baselines: backpropagation with torch.optim, full fine-tuning or LoRA-FA through peft
+(Gao et al. Tables 1–2, "FO-Adam"; chapters 1 and 7).
+
+LoRA-FA here is peft's LoRA with every A frozen after its default init (the same U(−1/√in, 1/√in) law as
+``prge_lib.lora``), so FO and ZO train the same parameter space. On a GPU that supports bf16 the forward and
+backward run under bf16 autocast (mixed precision) with fp32 weights and optimizer states; elsewhere in fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Sequence
+
+import torch
+
+from .lora import DEFAULT_TARGETS
+from .objective import Batch, row_losses
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+
+
+def add_peft_lorafa(model, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32):
+    """Wrap ``model`` with peft LoRA on ``targets`` and freeze every LoRA-A: LoRA-FA. Returns the peft model."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
+    model = get_peft_model(model, config)
+    for name, param in model.named_parameters():
+        if "lora_A" in name:
+            param.requires_grad_(False)
+    return model
+
+
+class FirstOrder:
+    """Backprop training of the parameters that require grad, with Adam or SGD."""
+
+    def __init__(self, model, lr: float, optimizer: str = "adam", lorafa: bool = False,
+                 targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a positive number, got {lr}")
+        quantized = any(p.dtype in (torch.int8, torch.uint8) for p in model.parameters())
+        if lorafa:
+            model = add_peft_lorafa(model, targets, r, alpha)
+        elif quantized:
+            raise ValueError("full fine-tuning cannot train INT8/NF4 quantized weights; use --quant none "
+                             "or the fo-lorafa method (adapter on a quantized base)")
+        else:
+            for param in model.parameters():
+                param.requires_grad_(True)
+        self.model, self.lorafa = model, lorafa
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.optimizer = OPTIMIZERS[optimizer](list(self.params.values()), lr=lr)
+        self.device = next(model.parameters()).device
+
+    def _autocast(self):
+        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, batch: Batch, t: int) -> dict:
+        self.model.train(False)   # no dropout: the same forward the ZO methods use
+        with self._autocast():
+            loss = row_losses(self.model, batch).mean()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            return {"loss": value, "finite": False}
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": value, "finite": True}
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return self.params
+
+    def state(self) -> dict:
+        return {"trainable": {k: v.detach().cpu().clone() for k, v in self.params.items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        with torch.no_grad():
+            for name, tensor in self.params.items():
+                tensor.copy_(state["trainable"][name])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,186 @@
+"""LoRA-FA with n copies of B: the layer P-RGE perturbs (Gao et al. §3.1–3.2, Fig. 1; chapters 4–6).
+
+A LoRA-FA layer adds a low-rank path to a frozen projection W (out × in):
+
+    y = x Wᵀ + (α/r) · (x Aᵀ) Bᵀ,     A ∈ R^{r×in} frozen (random),  B ∈ R^{out×r} trained (starts at 0).
+
+For P-RGE the input batch holds n groups of rows (n = q queries × {+ε, −ε}); group c is multiplied by its own
+copy B_c = B + k_c ε z_{i_c}, with one batched matmul. Only the master B is a parameter; the copies exist
+during the forward only, and the noise z_i is redrawn from the query's seed (``prge_lib.rge.gaussian``) with
+the layer's index, so nothing of size q·d is stored between forwards.
+
+Shapes follow nn.Linear and peft (A: r × in, B: out × r), so in ≠ out works and adapters move to peft.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .rge import gaussian
+
+# Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAFALinear(nn.Module):
+    """A frozen linear layer (plain, INT8 or NF4) plus a LoRA-FA path with ``n`` noise copies of B."""
+
+    def __init__(self, base: nn.Module, r: int = 16, alpha: float = 32, index: int = 0,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        if r < 1:
+            raise ValueError(f"LoRA rank r must be at least 1, got {r}")
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.r, self.alpha, self.scaling, self.index = r, alpha, alpha / r, index
+        device = next(base.parameters()).device
+        # peft's LoRA-A init, U(-1/sqrt(in), 1/sqrt(in)): with A ~ N(0, 1/r) instead, ZO diverges (chapter 4)
+        bound = 1 / math.sqrt(self.in_features)
+        a = torch.empty(r, self.in_features).uniform_(-bound, bound, generator=generator)
+        self.register_buffer("lora_A", a.to(device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device))
+        self.copies: list[tuple[int, float]] | None = None   # (seed, signed scale) per group, set by perturbed()
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, r={self.r}, alpha={self.alpha}"
+
+    def noise(self, seed: int) -> torch.Tensor:
+        """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
+        return gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
+
+    def copy_weights(self) -> torch.Tensor:
+        """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed)."""
+        draws: dict[int, torch.Tensor] = {}
+        for seed, _ in self.copies:
+            if seed not in draws:
+                draws[seed] = self.noise(seed)
+        z = torch.stack([draws[seed] for seed, _ in self.copies])
+        scale = torch.tensor([s for _, s in self.copies], device=z.device, dtype=z.dtype)
+        return self.lora_B[None] + scale[:, None, None] * z
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        h = x.to(self.lora_A.dtype) @ self.lora_A.T                  # (N, L, r), N = n·b
+        if self.copies is None:
+            return out + (self.scaling * (h @ self.lora_B.T)).to(out.dtype)
+        n = len(self.copies)
+        if x.shape[0] % n:
+            raise ValueError(f"batch of {x.shape[0]} rows cannot be split into {n} copies")
+        lead = x.shape[:-1]
+        h = h.reshape(n, -1, self.r)                                 # group c = rows c·b … (c+1)·b − 1
+        delta = torch.bmm(h, self.copy_weights().transpose(1, 2))    # (n, b·L, out)
+        return out + (self.scaling * delta).reshape(*lead, self.out_features).to(out.dtype)
+
+
+def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16,
+                  alpha: float = 32, seed: int = 0) -> list[LoRAFALinear]:
+    """Wrap every linear layer whose attribute name is in ``targets`` with :class:`LoRAFALinear` and freeze
+    everything else. Returns the new layers in model order (their ``index`` is their position)."""
+    found = [(name, module) for name, module in model.named_modules()
+             if name.rsplit(".", 1)[-1] in targets and hasattr(module, "in_features")]
+    if not found:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "in_features")})
+        raise ValueError(f"no linear layer named any of {list(targets)}; this model's linear layers: {names}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed)
+    layers = []
+    for index, (name, module) in enumerate(found):
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = LoRAFALinear(module, r, alpha, index, gen)
+        setattr(parent, attr, layer)
+        layers.append(layer)
+    return layers
+
+
+def lorafa_layers(model: nn.Module) -> list[LoRAFALinear]:
+    return [m for m in model.modules() if isinstance(m, LoRAFALinear)]
+
+
+@contextmanager
+def perturbed(layers: Sequence[LoRAFALinear], copies: Sequence[tuple[int, float]]):
+    """Within the block, a forward's batch is read as len(copies) groups; group c uses B + s_c · z(seed_c)."""
+    for layer in layers:
+        layer.copies = list(copies)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.copies = None
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trained adapter: one B per layer (and its frozen A), keyed by module name, on the CPU."""
+    state = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoRAFALinear):
+            state[f"{name}.lora_A"] = module.lora_A.detach().cpu().clone()
+            state[f"{name}.lora_B"] = module.lora_B.detach().cpu().clone()
+    return state
+
+
+def load_adapter(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy an adapter from :func:`adapter_state` into a model that already has the same LoRA-FA layers."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoRAFALinear)}
+    expected = {f"{n}.lora_{k}" for n in layers for k in "AB"}
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(f"adapter does not match the model's LoRA-FA layers: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]} ({len(missing)} missing, {len(extra)} unexpected)")
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for key, target in (("A", layer.lora_A), ("B", layer.lora_B)):
+                value = state[f"{name}.lora_{key}"]
+                if value.shape != target.shape:
+                    raise ValueError(f"{name}.lora_{key}: shape {tuple(value.shape)} in the adapter, "
+                                     f"{tuple(target.shape)} in the model")
+                target.copy_(value)
+
+
+def save_adapter(model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write the adapter as safetensors (atomically)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(adapter_state(model), str(tmp), metadata=metadata)
+    tmp.replace(path)
+    return path
+
+
+def read_adapter(path: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+@torch.no_grad()
+def merge_lorafa(model: nn.Module) -> int:
+    """Fold every LoRA-FA path into its base weight, W ← W + (α/r) B A, and put the plain layer back.
+
+    Returns the number of layers merged. Quantized bases (INT8/NF4) cannot be merged: evaluate them
+    unmerged (a LoRA-FA layer without copies is an ordinary forward)."""
+    merged = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, LoRAFALinear):
+            continue
+        if type(module.base) is not nn.Linear:
+            raise TypeError(f"{name}: cannot merge into a {type(module.base).__name__} base; "
+                            f"evaluate the unmerged model instead")
+        weight = module.base.weight
+        weight.copy_((weight.float() + module.scaling * module.lora_B @ module.lora_A).to(weight.dtype))
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, module.base)
+        merged += 1
+    return merged
+
+
+def count_trainable(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,90 @@
+"""The training loss: cross-entropy over the whole vocabulary at the answer token(s) (Gao et al. §4.1).
+
+An example becomes (input ids, target ids): the prompt followed by all target tokens but the last, so that
+the last T positions predict the T target tokens. With left padding every row ends at the last position,
+so the model only computes logits for the last max(T) positions (``logits_to_keep``) — with a 49k
+vocabulary that is most of the saving. A batch built for n copies (P-RGE) is the same rows repeated n
+times; :func:`copy_losses` returns one loss per copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .data import left_pad
+from .tasks import Task
+
+IGNORE = -100
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor       # (b, L), left-padded
+    attention_mask: torch.Tensor  # (b, L)
+    targets: torch.Tensor         # (b, T), right-aligned, IGNORE where a row has fewer target tokens
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.targets.to(device))
+
+    def repeat(self, n: int) -> "Batch":
+        """The batch stacked n times, copy-major: rows c·b … (c+1)·b − 1 are copy c."""
+        return Batch(self.input_ids.repeat(n, 1), self.attention_mask.repeat(n, 1), self.targets.repeat(n, 1))
+
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def encode_example(task: Task, tokenizer, example: dict, max_length: int | None = None) -> tuple[list, list]:
+    """(input ids, target ids) of one training example. Long prompts lose their beginning, never the answer."""
+    if task.kind == "mch":
+        context, continuation = task.options(example)[task.gold(example)]
+    else:
+        context, continuation = task.prompt(example), task.target_text(example)
+    prompt = tokenizer(context).input_ids
+    target = tokenizer(continuation, add_special_tokens=False).input_ids
+    if not target:
+        raise ValueError(f"task {task.name!r}: empty target for example {example!r:.80}")
+    ids = prompt + target[:-1]
+    if max_length is not None and len(ids) > max_length:
+        ids = ids[len(ids) - max_length:]
+    return ids, target
+
+
+def collate(items: list[tuple[list, list]], pad_id: int) -> Batch:
+    ids, mask = left_pad([i for i, _ in items], pad_id)
+    width = max(len(t) for _, t in items)
+    targets = torch.full((len(items), width), IGNORE, dtype=torch.long)
+    for row, (_, t) in enumerate(items):
+        targets[row, width - len(t):] = torch.tensor(t, dtype=torch.long)
+    return Batch(ids, mask, targets)
+
+
+def synthetic_batch(rows: int, seq_len: int, vocab_size: int, seed: int = 0) -> Batch:
+    """A full-length batch without padding and one target token per row: Gao et al.'s "standard
+    benchmark" (§4.2), which isolates the optimizer from the data's lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (rows, seq_len), generator=gen)
+    targets = torch.randint(0, vocab_size, (rows, 1), generator=gen)
+    return Batch(ids, torch.ones_like(ids), targets)
+
+
+def row_losses(model, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy over each row's target tokens: a (rows,) tensor (fp32)."""
+    width = batch.targets.shape[1]
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   logits_to_keep=width).logits[:, -width:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
+                         ignore_index=IGNORE, reduction="none").reshape(batch.targets.shape)
+    counts = (batch.targets != IGNORE).sum(1)
+    return ce.sum(1) / counts
+
+
+def copy_losses(model, batch: Batch, n: int) -> torch.Tensor:
+    """Loss of each of the n copies in a batch made by ``Batch.repeat(n)``: a (n,) tensor."""
+    return row_losses(model, batch).reshape(n, -1).mean(1)

@@ -1,0 +1,130 @@
+"""The P-RGE step (Gao et al. Alg. 1) with its two switches, and the zeroth-order training methods.
+
+One step with q query seeds s_1 … s_q on a batch of b rows:
+
+    copies    (s_i, +ε) and (s_i, −ε) for i = 1 … q          2q perturbed versions of every LoRA-B
+    outer on  the q queries share one forward (batch repeated q times, q copies of B; chapter 5)
+    inner on  a query's +ε and −ε share one forward (batch repeated twice; chapter 6)
+    g_i       = (ℓ(s_i, +ε) − ℓ(s_i, −ε)) / 2ε                                       Alg. 1 line 11
+    update    B ← B − (η/q) Σ_i g_i z_i, z_i redrawn from s_i per layer              Alg. 1 line 14
+
+Both switches off is sequential multi-query RGE (2q forwards of b rows); q = 1 is MeZO on LoRA-FA. The four
+settings compute the same numbers up to float rounding (tests/test_prge.py); they differ in speed only.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .lora import LoRAFALinear, perturbed
+from .objective import Batch, copy_losses, row_losses
+from .rge import check_zo_dtype, mezo_step, mix_seed
+
+
+def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
+    """The q noise seeds of a training step: a pure function of (run seed, step), so a resumed run
+    draws exactly the noise the uninterrupted run would have drawn."""
+    return [mix_seed(run_seed, step, i) for i in range(q)]
+
+
+def forward_groups(q: int, outer: bool, inner: bool) -> list[list[tuple[int, int]]]:
+    """Which (query, sign) copies share a forward, for each forward of the step, in order."""
+    plus, minus = [(i, +1) for i in range(q)], [(i, -1) for i in range(q)]
+    if outer and inner:
+        return [plus + minus]
+    if outer:
+        return [plus, minus]
+    if inner:
+        return [[p, m] for p, m in zip(plus, minus)]
+    return [[c] for pair in zip(plus, minus) for c in pair]
+
+
+@torch.no_grad()
+def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int], eps: float,
+              lr: float, outer: bool = True, inner: bool = True, update: bool = True) -> dict:
+    """One P-RGE step on ``batch`` (Gao et al. Alg. 1). Returns per-query losses ℓ⁺, ℓ⁻ and g (q,) tensors.
+
+    With ``update=False`` (or a non-finite loss) the adapter is left untouched.
+    """
+    q = len(seeds)
+    check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
+    losses = torch.empty(2, q)
+    for group in forward_groups(q, outer, inner):
+        copies = [(seeds[i], sign * eps) for i, sign in group]
+        with perturbed(layers, copies):
+            values = copy_losses(model, batch.repeat(len(group)), len(group)).cpu()
+        for (i, sign), value in zip(group, values):
+            losses[0 if sign > 0 else 1, i] = value
+    g = (losses[0] - losses[1]) / (2 * eps)
+    finite = bool(torch.isfinite(losses).all())
+    if update and finite:
+        for layer in layers:
+            z = torch.stack([layer.noise(s) for s in seeds])                 # (q, out, r), redrawn
+            layer.lora_B.sub_((lr / q) * torch.einsum("q,qor->or", g.to(z.device), z))
+    return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+class ZerothOrder:
+    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record."""
+
+    def __init__(self, model, q: int, eps: float, lr: float, seed: int):
+        if q < 1:
+            raise ValueError(f"q must be at least 1, got {q}")
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive number, got {eps}")
+        self.model, self.q, self.eps, self.lr, self.seed = model, q, eps, lr, seed
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        return {"trainable": {k: v.detach().cpu().clone() for k, v in self.trainable().items()}}
+
+    def load_state(self, state: dict) -> None:
+        with torch.no_grad():
+            for name, tensor in self.trainable().items():
+                tensor.copy_(state["trainable"][name])
+
+
+class PRGE(ZerothOrder):
+    """P-RGE on LoRA-FA layers already injected into ``model`` (q = 1: MeZO on LoRA-FA)."""
+
+    def __init__(self, model, layers: Sequence[LoRAFALinear], q: int, eps: float, lr: float, seed: int = 0,
+                 outer: bool = True, inner: bool = True):
+        super().__init__(model, q, eps, lr, seed)
+        self.layers, self.outer, self.inner = list(layers), outer, inner
+
+    def trainable(self):
+        return {f"{layer.index}.lora_B": layer.lora_B for layer in self.layers}
+
+    def step(self, batch: Batch, t: int) -> dict:
+        out = prge_step(self.model, self.layers, batch, step_seeds(self.seed, t, self.q), self.eps, self.lr,
+                        self.outer, self.inner)
+        return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
+                "projected_grad": out["projected_grad"].tolist()}
+
+
+class MeZOFull(ZerothOrder):
+    """MeZO with the seed trick over every weight of the model, or a chosen subset (Gao et al. Alg. 3)."""
+
+    def __init__(self, model, q: int, eps: float, lr: float, seed: int = 0,
+                 params: dict[str, torch.Tensor] | None = None):
+        super().__init__(model, q, eps, lr, seed)
+        if params is None:
+            params = dict(model.named_parameters())   # tied weights appear once
+        if any(p.dtype in (torch.int8, torch.uint8) for p in params.values()):
+            raise ValueError("MeZO (Full) perturbs every weight in place and cannot perturb INT8/NF4 "
+                             "quantized weights; use --quant none, or an adapter method (prge, mezo-lorafa)")
+        check_zo_dtype(params.values(), "MeZO")
+        self.params = params
+
+    def trainable(self):
+        return self.params
+
+    def step(self, batch: Batch, t: int) -> dict:
+        out = mezo_step(list(self.params.values()), lambda: row_losses(self.model, batch).mean(),
+                        step_seeds(self.seed, t, self.q), self.eps, self.lr)
+        return {"loss": (sum(out["loss_plus"]) + sum(out["loss_minus"])) / (2 * self.q),
+                "finite": out["finite"], "projected_grad": out["projected_grad"]}

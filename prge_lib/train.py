@@ -1,0 +1,294 @@
+"""The trainer shared by every method: data order, steps, evaluation, checkpoints, resume, result file
+(chapters 5–7). ``prge train`` is a thin wrapper around :class:`Trainer`.
+
+Every random choice is a pure function of (seed, step): the batch of step t comes from a seeded permutation
+of the training set, and the ZO noise from ``prge.step_seeds``. A checkpoint therefore only needs the
+trained tensors, the optimizer state and the history; resuming reproduces the uninterrupted run's losses
+exactly on a CPU. Evaluation: validation every ``eval_every`` steps; the test metric is taken at each new
+best validation score (so "test at the best-validation step" needs no saved copy of the model) and at the end.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import PROTOCOL, TaskData, sample_task
+from .lora import DEFAULT_TARGETS, inject_lorafa
+from .objective import collate, encode_example
+from .rge import mix_seed
+
+METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
+ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
+# Gao et al. App. C (Table 10): batch sizes, and one value from each learning-rate grid
+DEFAULTS = {
+    "fo": {"lr": 1e-5, "batch_size": 8},
+    "fo-lorafa": {"lr": 3e-4, "batch_size": 8},
+    "mezo": {"lr": 1e-6, "eps": 1e-3, "q": 1, "E": 16, "inner": False},
+    "mezo-lorafa": {"lr": 1e-3, "eps": 1e-2, "q": 1, "E": 16, "inner": False},
+    "prge": {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
+}
+# settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
+_IDENTITY = ("task", "method", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer", "r",
+             "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant")
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss: the run stops, the last good state is kept in the checkpoint."""
+
+
+@dataclass
+class TrainConfig:
+    task: str
+    method: str = "prge"
+    steps: int = 1000
+    lr: float | None = None          # None: the method's default (DEFAULTS)
+    eps: float | None = None         # ZO perturbation scale ε
+    q: int | None = None             # ZO queries per step
+    E: int | None = None             # ZO effective batch E = q·B (B rows per query)
+    batch_size: int | None = None    # FO rows per step
+    outer: bool = True               # P-RGE: the q queries in one forward
+    inner: bool | None = None        # P-RGE: +ε and −ε in one forward
+    optimizer: str = "adam"          # FO only; ZO methods are ZO-SGD
+    r: int = 16
+    alpha: float = 32
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    seed: int = 0
+    eval_every: int = 100            # 0: evaluate at the end only
+    n_train: int = PROTOCOL["n_train"]
+    n_val: int = PROTOCOL["n_val"]
+    n_test: int = PROTOCOL["n_test"]
+    max_length: int | None = None    # truncate prompts from the left
+    eval_batch_size: int = 16
+    checkpoint_every: int = 100
+    model: str | None = None
+    dtype: str = "fp32"
+    quant: str = "none"
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    def resolved(self) -> "TrainConfig":
+        """Fill the method's defaults and check every setting, naming the bad value and what is allowed."""
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {list(METHODS)}")
+        values = dataclasses.asdict(self)
+        for key, default in DEFAULTS[self.method].items():
+            if values[key] is None:
+                values[key] = default
+        c = TrainConfig(**values)
+        c.targets = tuple(c.targets)
+        if c.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {c.steps}")
+        if not (c.lr > 0 and math.isfinite(c.lr)):
+            raise ValueError(f"lr must be a positive number, got {c.lr}")
+        if c.method in ZO_METHODS:
+            if c.dtype == "bf16":
+                raise ValueError(
+                    "zeroth-order training refuses bf16: its 8-bit significand rounds θ ± ε·z back to θ for "
+                    "most weights, so the loss difference measures rounding, not slope (Guo et al. App. G.4). "
+                    "Use --dtype fp32 or fp16.")
+            if c.method == "mezo-lorafa" and c.q != 1:
+                raise ValueError(f"mezo-lorafa is P-RGE with q = 1; got q = {c.q} (use --method prge)")
+            if c.q < 1 or c.E < 1:
+                raise ValueError(f"q and E must be at least 1, got q = {c.q}, E = {c.E}")
+            if c.E % c.q:
+                raise ValueError(f"the effective batch E = {c.E} must be a multiple of q = {c.q} "
+                                 f"(E = q·B with B rows per query); try E = {c.q * max(1, round(c.E / c.q))}")
+            if not (c.eps > 0 and math.isfinite(c.eps)):
+                raise ValueError(f"eps must be a positive number, got {c.eps}")
+            c.batch_size = c.E // c.q
+        else:
+            if c.batch_size < 1:
+                raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
+            c.q = c.E = c.eps = None
+            c.inner = None
+        if c.eval_every < 0 or c.checkpoint_every < 0:
+            raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
+        return c
+
+    def identity(self) -> dict:
+        values = dataclasses.asdict(self)
+        return {k: (list(values[k]) if isinstance(values[k], tuple) else values[k]) for k in _IDENTITY}
+
+
+def build_method(config: TrainConfig, model):
+    """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed)."""
+    from .fo import FirstOrder
+    from .prge import PRGE, MeZOFull
+
+    c = config
+    if c.method in ("fo", "fo-lorafa"):
+        if c.method == "fo-lorafa":
+            torch.manual_seed(c.seed)     # peft draws A from torch's global generator
+        return FirstOrder(model, c.lr, c.optimizer, c.method == "fo-lorafa", c.targets, c.r, c.alpha)
+    if c.method == "mezo":
+        return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
+    layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed)
+    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner)
+
+
+class Trainer:
+    """Train ``config.method`` on ``config.task``; see the module docstring for the protocol."""
+
+    def __init__(self, config: TrainConfig, model=None, tokenizer=None, data: TaskData | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None, progress: bool = True):
+        from .tasks import get_task
+
+        self.config = config.resolved()
+        self.task = get_task(self.config.task)
+        if model is None or tokenizer is None:
+            from .models import load_model
+            model, tokenizer = load_model(self.config.model, dtype=self.config.dtype,
+                                          quant=self.config.quant, device=self.config.device)
+        self.tokenizer = tokenizer
+        c = self.config
+        self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
+        if len(self.data.train) < c.batch_size:
+            raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
+        self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
+        self.method = build_method(c, model)
+        self.model = self.method.model
+        self.device = next(self.model.parameters()).device
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.progress = progress
+        self.history = {"losses": [], "step_time_s": [], "evals": [], "projected_grad": []}
+        self.step = 0
+        self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
+
+    # ----- data order: a pure function of (seed, step)
+    def epoch_order(self, epoch: int) -> list[int]:
+        n = len(self.items)
+        return random.Random(mix_seed(self.config.seed, 0xDA7A, epoch)).sample(range(n), n)
+
+    def batch_indices(self, t: int) -> list[int]:
+        b = self.config.batch_size
+        usable = len(self.items) - len(self.items) % b   # drop the last partial batch of an epoch
+        epoch, offset = divmod(t * b, usable)
+        return self.epoch_order(epoch)[offset:offset + b]
+
+    def batch(self, t: int):
+        items = [self.items[i] for i in self.batch_indices(t)]
+        return collate(items, self.tokenizer.pad_token_id).to(self.device)
+
+    # ----- evaluation
+    def evaluate(self, examples: list[dict]) -> float:
+        from .evaluate import zero_shot
+
+        start = time.perf_counter()
+        value = zero_shot(self.task, self.model, self.tokenizer, examples, self.config.eval_batch_size)["value"]
+        self.elapsed["eval_s"] += time.perf_counter() - start
+        return value
+
+    def _eval_point(self, step: int) -> dict:
+        record = {"step": step, "val": self.evaluate(self.data.val)}
+        best = max((e["val"] for e in self.history["evals"]), default=-math.inf)
+        if record["val"] > best:
+            record["test"] = self.evaluate(self.data.test)
+        self.history["evals"].append(record)
+        return record
+
+    # ----- checkpoints
+    def checkpoint_path(self) -> Path | None:
+        return None if self.checkpoint_dir is None else self.checkpoint_dir / "checkpoint.pt"
+
+    def save_checkpoint(self) -> Path | None:
+        path = self.checkpoint_path()
+        if path is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        epoch = self.step * self.config.batch_size // max(1, len(self.items) - len(self.items) % self.config.batch_size)
+        payload = {"format": 1, "config": self.config.identity(), "step": self.step,
+                   "method": self.method.state(), "history": self.history, "elapsed": self.elapsed,
+                   "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+                   "epoch": epoch, "epoch_order": self.epoch_order(epoch)}
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self) -> None:
+        path = self.checkpoint_path()
+        if path is None or not path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {path}")
+        payload = torch.load(path, weights_only=False)
+        saved, current = payload["config"], self.config.identity()
+        differ = {k: (saved.get(k), current[k]) for k in current if saved.get(k) != current[k]}
+        if differ:
+            raise ValueError(f"the checkpoint in {path.parent} was made with other settings "
+                             f"(saved, now): {differ}; resume with the same settings or another folder")
+        self.method.load_state(payload["method"])
+        self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
+        torch.set_rng_state(payload["rng"]["torch"])
+        random.setstate(payload["rng"]["python"])
+
+    # ----- the loop
+    def run(self, resume: bool = False) -> dict:
+        c = self.config
+        if resume:
+            self.load_checkpoint()
+        elif c.eval_every:
+            self._eval_point(0)
+        bar = tqdm(total=c.steps, initial=self.step, desc=f"{c.method} {self.task.name}",
+                   disable=not self.progress)
+        while self.step < c.steps:
+            t = self.step
+            start = time.perf_counter()
+            record = self.method.step(self.batch(t), t)
+            took = time.perf_counter() - start
+            if not record["finite"]:
+                saved = self.save_checkpoint()
+                bar.close()
+                where = f"the last good state (after step {t}) is in {saved}" if saved else \
+                    "no checkpoint folder was given, so nothing was saved"
+                raise TrainingDiverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the "
+                                       f"update was not applied and training stopped; {where}. Lower "
+                                       f"the learning rate (now {c.lr}) or ε.")
+            self.step = t + 1
+            self.elapsed["train_s"] += took
+            self.history["losses"].append(record["loss"])
+            self.history["step_time_s"].append(round(took, 5))
+            if "projected_grad" in record:
+                self.history["projected_grad"].append(record["projected_grad"])
+            postfix = {"loss": f"{record['loss']:.3f}"}
+            if c.eval_every and self.step % c.eval_every == 0:
+                postfix["val"] = f"{self._eval_point(self.step)['val']:.3f}"
+            if c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                self.save_checkpoint()
+            bar.set_postfix(postfix)
+            bar.update(1)
+        bar.close()
+        return self.summary()
+
+    def summary(self) -> dict:
+        """The result: settings, per-step losses, evaluations, test at best validation and at the end."""
+        c, evals = self.config, self.history["evals"]
+        if not evals or evals[-1]["step"] != self.step:
+            self._eval_point(self.step)
+            evals = self.history["evals"]
+        last = evals[-1]
+        if "test" not in last:
+            last["test"] = self.evaluate(self.data.test)
+        # a test score exists for every new best validation score, so the earliest best has one
+        best = max(evals, key=lambda e: (e["val"], -e["step"]))
+        times = sorted(self.history["step_time_s"])
+        return {
+            "kind": "train", "task": self.task.name, "title": self.task.title, "method": c.method,
+            "metric": self.task.metric, "seed": c.seed, "config": dataclasses.asdict(c),
+            "trainable_parameters": sum(p.numel() for p in self.method.trainable().values()),
+            "data_sizes": self.data.sizes(), "data_notes": self.data.notes,
+            "steps": self.step, "zero_shot_val": evals[0]["val"] if evals[0]["step"] == 0 else None,
+            "best_val": {"step": best["step"], "val": best["val"], "test": best["test"]},
+            "final": {"step": last["step"], "val": last["val"], "test": last["test"]},
+            "evals": evals, "losses": self.history["losses"],
+            "projected_grad": self.history["projected_grad"],
+            "step_time_s": {"median": times[len(times) // 2] if times else None,
+                            "per_step": self.history["step_time_s"]},
+            "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
+        }
