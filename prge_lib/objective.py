@@ -75,11 +75,12 @@ def synthetic_batch(rows: int, seq_len: int, vocab_size: int, seed: int = 0) -> 
 
 
 def row_losses(model, batch: Batch) -> torch.Tensor:
-    """Mean cross-entropy over each row's target tokens: a (rows,) tensor (fp32)."""
+    """Mean cross-entropy over each row's target tokens: a (rows,) tensor (at least fp32)."""
     width = batch.targets.shape[1]
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    logits_to_keep=width).logits[:, -width:]
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # fp16 → fp32, fp64 stays
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
                          ignore_index=IGNORE, reduction="none").reshape(batch.targets.shape)
     counts = (batch.targets != IGNORE).sum(1)
     return ce.sum(1) / counts

@@ -32,3 +32,29 @@ def embedded():
 @pytest.fixture(scope="session")
 def tokenizer(embedded):
     return embedded[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_factory(tokenizer):
+    """Make a fresh, seeded two-layer Llama with the embedded tokenizer's vocabulary: k/v projections are
+    64 → 32 (not square), like SmolLM2's 576 → 192. Fast enough for step-by-step equality tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(seed: int = 0, layers: int = 2):
+        torch.manual_seed(seed)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                             tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+        return LlamaForCausalLM(config).eval()
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tiny_factory, tokenizer, tmp_path_factory) -> Path:
+    """The tiny model and the embedded tokenizer saved as a local model folder (for the command line)."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_factory().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

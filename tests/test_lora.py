@@ -1,0 +1,107 @@
+"""LoRA-FA with n copies of B (chapters 4–5): shapes, copies, adapters, merging, agreement with peft."""
+import pytest
+import torch
+
+from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, count_trainable, inject_lorafa,
+                           load_adapter, merge_lorafa, perturbed, read_adapter, save_adapter)
+from prge_lib.objective import copy_losses, row_losses, synthetic_batch
+
+
+def _randomize_b(layers, scale=0.05, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in layers:
+            layer.lora_B.copy_(scale * torch.randn(layer.lora_B.shape, generator=gen))
+
+
+def test_injection_targets_shapes_and_freezing(tiny_factory):
+    model = tiny_factory()
+    layers = inject_lorafa(model)
+    assert len(layers) == 2 * len(DEFAULT_TARGETS)
+    assert [layer.index for layer in layers] == list(range(len(layers)))
+    k_proj = model.model.layers[0].self_attn.k_proj
+    assert isinstance(k_proj, LoRAFALinear) and (k_proj.in_features, k_proj.out_features) == (64, 32)
+    assert k_proj.lora_A.shape == (16, 64) and k_proj.lora_B.shape == (32, 16)
+    assert float(k_proj.lora_A.abs().max()) <= 1 / 64 ** 0.5       # U(-1/sqrt(in), 1/sqrt(in))
+    assert count_trainable(model) == sum(layer.lora_B.numel() for layer in layers)
+
+    qv = inject_lorafa(tiny_factory(), targets=("q_proj", "v_proj"), r=4)
+    assert [type(layer.base).__name__ for layer in qv] == ["Linear"] * 4
+    with pytest.raises(ValueError, match="no linear layer named.*q_proj"):
+        inject_lorafa(tiny_factory(), targets=("query",))
+
+
+def test_zero_b_leaves_the_model_unchanged(tiny_factory):
+    base, wrapped = tiny_factory(), tiny_factory()
+    inject_lorafa(wrapped)
+    batch = synthetic_batch(2, 7, base.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(row_losses(wrapped, batch), row_losses(base, batch))
+
+
+def test_copy_c_sees_only_its_own_perturbed_b(tiny_factory):
+    """The loss of copy c in a batched forward equals a plain forward with B replaced by B + s_c z_c."""
+    model = tiny_factory()
+    layers = inject_lorafa(model)
+    _randomize_b(layers)
+    batch = synthetic_batch(3, 9, model.config.vocab_size)
+    copies = [(101, 0.01), (102, 0.01), (101, -0.01), (102, -0.01), (103, 0.5)]
+    with torch.no_grad(), perturbed(layers, copies):
+        together = copy_losses(model, batch.repeat(len(copies)), len(copies))
+    master = [layer.lora_B.clone() for layer in layers]
+    for c, (seed, scale) in enumerate(copies):
+        with torch.no_grad():
+            for layer, b in zip(layers, master):
+                layer.lora_B.copy_(b + scale * layer.noise(seed))
+            alone = row_losses(model, batch).mean()
+            for layer, b in zip(layers, master):
+                layer.lora_B.copy_(b)
+        torch.testing.assert_close(together[c], alone, rtol=1e-5, atol=1e-5)
+    assert len(set(together.tolist())) == len(copies)
+
+
+def test_a_batch_that_does_not_split_into_the_copies_is_an_error(tiny_factory):
+    model = tiny_factory()
+    layers = inject_lorafa(model)
+    with torch.no_grad(), perturbed(layers, [(1, 0.1), (1, -0.1)]):
+        with pytest.raises(ValueError, match="3 rows cannot be split into 2 copies"):
+            model(input_ids=torch.zeros(3, 4, dtype=torch.long))
+
+
+def test_same_output_as_peft_lora_with_the_same_a_and_b(tiny_factory):
+    from prge_lib.fo import add_peft_lorafa
+
+    ours = tiny_factory()
+    layers = inject_lorafa(ours, r=8, alpha=16)
+    _randomize_b(layers)
+    theirs = add_peft_lorafa(tiny_factory(), r=8, alpha=16)
+    named = {n: m for n, m in ours.named_modules() if isinstance(m, LoRAFALinear)}
+    with torch.no_grad():
+        for name, module in theirs.named_modules():
+            if hasattr(module, "lora_A") and name.removeprefix("base_model.model.") in named:
+                mine = named[name.removeprefix("base_model.model.")]
+                module.lora_A["default"].weight.copy_(mine.lora_A)
+                module.lora_B["default"].weight.copy_(mine.lora_B)
+    batch = synthetic_batch(2, 6, ours.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(row_losses(ours, batch), row_losses(theirs, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_adapter_round_trip_and_merge(tiny_factory, tmp_path):
+    model = tiny_factory()
+    layers = inject_lorafa(model, seed=3)
+    _randomize_b(layers)
+    batch = synthetic_batch(2, 6, model.config.vocab_size)
+    with torch.no_grad():
+        expected = row_losses(model, batch)
+    path = save_adapter(model, tmp_path / "adapter.safetensors")
+    other = tiny_factory()
+    inject_lorafa(other, seed=99)              # another A: loading must replace it
+    load_adapter(other, read_adapter(path))
+    with torch.no_grad():
+        torch.testing.assert_close(row_losses(other, batch), expected)
+        assert merge_lorafa(other) == len(layers)
+        assert not any(isinstance(m, LoRAFALinear) for m in other.modules())
+        torch.testing.assert_close(row_losses(other, batch), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not match"):
+        load_adapter(tiny_factory(), adapter_state(model))

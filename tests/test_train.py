@@ -1,0 +1,119 @@
+"""The trainer: settings checks, data order, resume = uninterrupted, NaN guard (chapters 5–7)."""
+import pytest
+import torch
+
+from prge_lib.data import sample_task
+from prge_lib.tasks import get_task
+from prge_lib.train import TrainConfig, Trainer, TrainingDiverged
+
+
+@pytest.fixture()
+def sst2_small(fixture_data):
+    return sample_task(get_task("sst2"), 0, 16, 8, 8, root=fixture_data)
+
+
+def _trainer(tiny_factory, tokenizer, data, folder=None, **kw):
+    settings = {"steps": 6, "eval_every": 3, "checkpoint_every": 2, **kw}
+    return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("prge", {"q": 2, "E": 4}),
+    ("mezo", {"E": 4, "lr": 1e-4}),
+    ("fo-lorafa", {"batch_size": 4}),
+])
+def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_small, tmp_path, method, extra):
+    whole = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra).run()
+
+    broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
+    real_step = broken.method.step
+
+    def crash_at_5(batch, t):
+        if t == 4:
+            raise KeyboardInterrupt("simulated interruption during step 5")
+        return real_step(batch, t)
+
+    broken.method.step = crash_at_5
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["step"] == 4
+
+    resumed = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
+    result = resumed.run(resume=True)
+    assert result["losses"] == whole["losses"]          # identical, not merely close
+    assert result["evals"] == whole["evals"]
+    fresh = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra)
+    fresh.run()
+    for name, tensor in fresh.method.trainable().items():
+        assert torch.equal(tensor, resumed.method.trainable()[name]), name
+
+
+def test_result_reports_best_validation_and_final_test(tiny_factory, tokenizer, sst2_small):
+    result = _trainer(tiny_factory, tokenizer, sst2_small, q=2, E=4).run()
+    assert [e["step"] for e in result["evals"]] == [0, 3, 6]
+    assert "test" in result["evals"][0] and result["zero_shot_val"] == result["evals"][0]["val"]
+    assert result["best_val"]["val"] == max(e["val"] for e in result["evals"])
+    assert result["final"]["step"] == 6 and "test" in result["final"]
+    assert len(result["losses"]) == 6 and len(result["projected_grad"][0]) == 2
+    assert result["config"]["batch_size"] == 2 and result["config"]["inner"] is True
+    assert result["trainable_parameters"] == 2 * 16 * (64 + 32 + 32 + 64 + 128 + 128 + 64)   # B: out × r per projection
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_state(tiny_factory, tokenizer, sst2_small, tmp_path):
+    trainer = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, q=2, E=4, eval_every=0)
+    real_step = trainer.method.step
+    good = {}
+
+    def poison_at_3(batch, t):
+        if t == 2:     # keep the state after two good steps, then make every later loss non-finite
+            good.update({k: v.clone() for k, v in trainer.method.trainable().items()})
+            with torch.no_grad():
+                trainer.model.model.embed_tokens.weight[:] = float("inf")
+        return real_step(batch, t)
+
+    trainer.method.step = poison_at_3
+    with pytest.raises(TrainingDiverged, match=r"step 3: the loss is nan .*after step 2"):
+        trainer.run()
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == 2 and len(saved["history"]["losses"]) == 2
+    for name, value in saved["method"]["trainable"].items():
+        assert torch.equal(value, good[name])
+
+
+def test_data_order_is_a_pure_function_of_seed_and_step(tiny_factory, tokenizer, sst2_small):
+    trainer = _trainer(tiny_factory, tokenizer, sst2_small, q=2, E=6)      # B = 3, 16 rows: 5 per epoch
+    epoch = [i for t in range(5) for i in trainer.batch_indices(t)]
+    assert len(set(epoch)) == 15
+    assert trainer.batch_indices(5) != trainer.batch_indices(0)
+    again = _trainer(tiny_factory, tokenizer, sst2_small, q=2, E=6)
+    assert [again.batch_indices(t) for t in range(12)] == [trainer.batch_indices(t) for t in range(12)]
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"method": "prge", "q": 3, "E": 16}, r"E = 16 must be a multiple of q = 3"),
+    ({"method": "prge", "dtype": "bf16"}, r"refuses bf16"),
+    ({"method": "mezo", "dtype": "bf16"}, r"refuses bf16"),
+    ({"method": "sgd"}, r"unknown method 'sgd'"),
+    ({"method": "mezo-lorafa", "q": 4}, r"mezo-lorafa is P-RGE with q = 1"),
+    ({"method": "prge", "lr": -1.0}, r"lr must be a positive number, got -1.0"),
+    ({"method": "fo", "optimizer": "adagrad"}, None),
+])
+def test_bad_settings_are_refused_with_the_value(settings, message):
+    config = TrainConfig("sst2", **settings)
+    if message is None:     # checked when the method is built
+        from prge_lib.fo import FirstOrder
+        with pytest.raises(ValueError, match="unknown optimizer 'adagrad'"):
+            FirstOrder(torch.nn.Linear(2, 2), 1e-3, "adagrad")
+        return
+    with pytest.raises(ValueError, match=message):
+        config.resolved()
+
+
+def test_resume_with_other_settings_is_refused(tiny_factory, tokenizer, sst2_small, tmp_path):
+    _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, q=2, E=4, steps=2, eval_every=0).run()
+    other = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, q=2, E=4, lr=5e-4, eval_every=0)
+    with pytest.raises(ValueError, match="other settings.*'lr'"):
+        other.run(resume=True)
+    missing = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "none", q=2, E=4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        missing.run(resume=True)
