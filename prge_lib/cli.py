@@ -1,11 +1,14 @@
-"""The ``prge`` command line. ``prge zeroshot`` evaluates a task without training (chapter 0)."""
+"""The ``prge`` command line: ``zeroshot`` evaluates a task without training (chapter 0), ``train`` fine-tunes
+with any method and ``bench`` times the methods on synthetic batches (chapters 1–7)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 from .config import fast_mode, seed_everything
+from .lora import DEFAULT_TARGETS
 from .tasks import TASKS
 
 
@@ -21,7 +24,7 @@ def _zeroshot(args) -> int:
     start = time.perf_counter()
     data = sample_task(task, seed=args.seed)
     examples = data.test if args.n is None else data.test[:args.n]
-    model, tokenizer = load_model(args.model, dtype=args.dtype, quant=args.quant)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)
     result = zero_shot(task, model, tokenizer, examples, batch_size=args.batch_size)
     wall = time.perf_counter() - start
     template = task.prompt(examples[0]) if task.kind != "mch" else " | ".join(
@@ -42,26 +45,152 @@ def _zeroshot(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from .lora import save_adapter
+    from .provenance import provenance, write_result
+    from .train import TrainConfig, Trainer, TrainingDiverged
+
+    sizes = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}
+    sizes = {k: v for k, v in sizes.items() if v is not None}
+    config = TrainConfig(task=args.task, method=args.method, steps=args.steps, lr=args.lr, eps=args.eps, q=args.q,
+                         E=args.E, batch_size=args.batch_size, outer=args.outer, inner=args.inner,
+                         optimizer=args.optimizer, r=args.r, alpha=args.alpha, targets=tuple(args.targets.split(",")),
+                         seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+                         max_length=args.max_length, model=args.model, dtype=args.dtype, quant=args.quant,
+                         device=args.device, **sizes)
+    config.resolved()      # refuse bad settings before loading anything
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
+    start = time.perf_counter()
+    trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir)
+    status, message = "finished", None
+    try:
+        result = trainer.run(resume=args.resume)
+    except KeyboardInterrupt:
+        saved = trainer.checkpoint_path()
+        where = f"the last checkpoint ({saved}) is kept: rerun with --resume" if saved and saved.is_file() \
+            else "no checkpoint was written (use --checkpoint-dir)"
+        print(f"prge: interrupted during step {trainer.step + 1}; {where}", file=sys.stderr)
+        return 130
+    except TrainingDiverged as err:
+        status, message = "diverged", str(err)
+        result = {"kind": "train", "task": config.task, "method": config.method, "seed": config.seed,
+                  "config": dataclasses.asdict(trainer.config), "steps": trainer.step, "losses": trainer.history["losses"],
+                  "evals": trainer.history["evals"]}
+    result.update({"status": status, "model": config.model or "SmolLM2-135M-Instruct",
+                   "provenance": provenance(time.perf_counter() - start)})
+    if message:
+        result["error"] = message
+    write_result(args.out, result)
+    if message:
+        print(f"prge: error: {message}; partial result -> {args.out}", file=sys.stderr)
+        return 3
+    if args.save_adapter:
+        if config.method not in ("prge", "mezo-lorafa"):
+            print(f"prge: --save-adapter applies to prge and mezo-lorafa only; not saved for {config.method}",
+                  file=sys.stderr)
+        else:
+            save_adapter(trainer.model, args.save_adapter, {"task": config.task, "method": config.method})
+    best, final = result["best_val"], result["final"]
+    print(f"{result['title']} {config.method}: {len(result['losses'])} steps, median "
+          f"{result['step_time_s']['median']:.3f} s/step; test {100 * best['test']:.1f} at the best validation "
+          f"step {best['step']} (val {100 * best['val']:.1f}), {100 * final['test']:.1f} at the end -> {args.out}")
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench import bench
+    from .models import load_model
+    from .provenance import provenance, write_result
+
+    names = [n.strip() for n in args.method.split(",") if n.strip()]
+    start = time.perf_counter()
+    result = bench(lambda: load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)[0],
+                   names, E=args.E, q=args.q, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
+                   progress=lambda line: print(line, file=sys.stderr))
+    result.update({"kind": "bench", "methods": names, "E": args.E, "q": args.q, "seq_len": args.seq_len,
+                   "quant": args.quant, "dtype": args.dtype, "model": args.model or "SmolLM2-135M-Instruct",
+                   "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
+                   "provenance": provenance(time.perf_counter() - start)})
+    write_result(args.out, result)
+    for key, value in result["ratios"].items():
+        print(f"{key}: {value:.3f}")
+    return 0
+
+
+def _add_model_options(p) -> None:
+    p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     zs = sub.add_parser("zeroshot", help="evaluate a task without training and write a JSON result")
     zs.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    zs.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
     zs.add_argument("--n", type=int, default=None, help="evaluate the first N test examples (default: all)")
     zs.add_argument("--seed", type=int, default=0, help="data sampling seed (default 0)")
     zs.add_argument("--batch-size", type=int, default=16)
-    zs.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    zs.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
+    _add_model_options(zs)
     zs.add_argument("--out", required=True, help="where to write the JSON result")
     zs.set_defaults(run=_zeroshot)
+
+    from .train import DEFAULTS, METHODS
+    tr = sub.add_parser("train", help="fine-tune a task with one method and write a JSON result",
+                        description="Defaults per method (Gao et al. App. C): " + "; ".join(
+                            f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items()) for m, d in DEFAULTS.items()))
+    tr.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    tr.add_argument("--method", required=True, choices=METHODS)
+    tr.add_argument("--steps", type=int, default=1000)
+    tr.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
+    tr.add_argument("--eps", type=float, default=None, help="ZO perturbation scale ε")
+    tr.add_argument("--q", type=int, default=None, help="ZO queries per step")
+    tr.add_argument("--E", type=int, default=None, help="ZO effective batch E = q·B")
+    tr.add_argument("--batch-size", type=int, default=None, help="FO batch size")
+    tr.add_argument("--outer", action=argparse.BooleanOptionalAction, default=True,
+                    help="P-RGE: the q queries in one forward (default on)")
+    tr.add_argument("--inner", action=argparse.BooleanOptionalAction, default=None,
+                    help="P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
+    tr.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="FO optimizer")
+    tr.add_argument("--r", type=int, default=16, help="LoRA rank")
+    tr.add_argument("--alpha", type=float, default=32, help="LoRA alpha")
+    tr.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--eval-every", type=int, default=100, help="validation every N steps (0: at the end)")
+    tr.add_argument("--n-train", type=int, default=None)
+    tr.add_argument("--n-val", type=int, default=None)
+    tr.add_argument("--n-test", type=int, default=None)
+    tr.add_argument("--max-length", type=int, default=None, help="truncate prompts to this many tokens")
+    _add_model_options(tr)
+    tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
+    tr.add_argument("--checkpoint-every", type=int, default=100)
+    tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
+    tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
+    tr.add_argument("--out", required=True, help="where to write the JSON result")
+    tr.set_defaults(run=_train)
+
+    from .bench import CONFIGS
+    be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")
+    be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
+    be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
+    be.add_argument("--q", type=int, default=4)
+    be.add_argument("--seq-len", type=int, default=64)
+    be.add_argument("--repeats", type=int, default=5)
+    be.add_argument("--warmup", type=int, default=1)
+    _add_model_options(be)
+    be.add_argument("--out", required=True, help="where to write the JSON result")
+    be.set_defaults(run=_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "n", None) is not None and args.n < 1:
-        raise SystemExit(f"prge: --n must be at least 1, got {args.n}")
+    for name in ("n", "n_train", "n_val", "n_test", "repeats", "seq_len"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise SystemExit(f"prge: --{name.replace('_', '-')} must be at least 1, got {value}")
     if fast_mode():
         print("prge: fast mode (PRGE_FAST) is on", file=sys.stderr)
     try:

@@ -65,16 +65,23 @@ class LoRAFALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        h = x.to(self.lora_A.dtype) @ self.lora_A.T                  # (N, L, r), N = n·b
+        h = (x.to(self.lora_A.dtype) @ self.lora_A.T).to(out.dtype)      # (N, L, r), N = n·b
+        # accumulate into the fresh base output in place when no graph is recorded (ZO): one pass less
+        inplace = not torch.is_grad_enabled()
         if self.copies is None:
-            return out + (self.scaling * (h @ self.lora_B.T)).to(out.dtype)
+            flat, b = out.reshape(-1, self.out_features), self.lora_B.T.to(out.dtype)
+            hr = h.reshape(-1, self.r)
+            flat = flat.addmm_(hr, b, alpha=self.scaling) if inplace else torch.addmm(flat, hr, b, alpha=self.scaling)
+            return flat.reshape(out.shape)
         n = len(self.copies)
         if x.shape[0] % n:
             raise ValueError(f"batch of {x.shape[0]} rows cannot be split into {n} copies")
-        lead = x.shape[:-1]
-        h = h.reshape(n, -1, self.r)                                 # group c = rows c·b … (c+1)·b − 1
-        delta = torch.bmm(h, self.copy_weights().transpose(1, 2))    # (n, b·L, out)
-        return out + (self.scaling * delta).reshape(*lead, self.out_features).to(out.dtype)
+        # group c = rows c·b … (c+1)·b − 1: one batched matmul with the n copies of B
+        grouped, hg = out.reshape(n, -1, self.out_features), h.reshape(n, -1, self.r)
+        b = self.copy_weights().transpose(1, 2).to(out.dtype)             # (n, r, out)
+        grouped = grouped.baddbmm_(hg, b, alpha=self.scaling) if inplace else \
+            torch.baddbmm(grouped, hg, b, alpha=self.scaling)
+        return grouped.reshape(out.shape)
 
 
 def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16,

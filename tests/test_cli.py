@@ -32,3 +32,42 @@ def test_missing_task_file_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PRGE_DATA_DIR", str(tmp_path))
     assert main(["zeroshot", "--task", "rte", "--out", str(tmp_path / "x.json")]) == 2
     assert "glue/rte/validation.jsonl" in capsys.readouterr().err
+
+
+def test_train_writes_result_adapter_and_resumes(fixture_data, tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    out, ckpt, adapter = tmp_path / "t.json", tmp_path / "ckpt", tmp_path / "a.safetensors"
+    common = ["train", "--task", "sst2", "--method", "prge", "--model", str(tiny_folder), "--q", "2", "--E", "4",
+              "--eval-every", "2", "--n-train", "12", "--n-val", "6", "--n-test", "6", "--checkpoint-dir",
+              str(ckpt), "--checkpoint-every", "2", "--out", str(out)]
+    assert main(common + ["--steps", "2"]) == 0
+    assert main(common + ["--steps", "4", "--resume", "--save-adapter", str(adapter)]) == 0
+    result = json.loads(out.read_text())
+    assert result["status"] == "finished" and result["steps"] == 4 and len(result["losses"]) == 4
+    assert result["config"]["q"] == 2 and result["config"]["lr"] == 1e-3 and result["config"]["outer"] is True
+    assert result["provenance"]["command"].startswith("prge train") or result["provenance"]["command"]
+    assert {"best_val", "final", "evals", "step_time_s", "data_notes"} <= set(result)
+    from prge_lib.lora import read_adapter
+    assert len(read_adapter(adapter)) == 2 * 2 * 7
+
+
+def test_train_refuses_bad_settings_before_loading(tmp_path, capsys):
+    assert main(["train", "--task", "sst2", "--method", "prge", "--q", "3", "--out", str(tmp_path / "x.json")]) == 2
+    assert "E = 16 must be a multiple of q = 3" in capsys.readouterr().err
+    assert main(["train", "--task", "sst2", "--method", "mezo", "--dtype", "bf16",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "refuses bf16" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_bench_reports_times_memory_and_ratios(tiny_folder, tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--method", "inference,mezo,prge", "--model", str(tiny_folder), "--E", "4", "--q", "2",
+                 "--seq-len", "8", "--repeats", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["configs"]) == {"inference", "mezo", "prge"}
+    assert result["configs"]["prge"]["forwards_per_step"] == 1 and result["configs"]["mezo"]["forwards_per_step"] == 2
+    assert all(c["median_s"] > 0 and len(c["times_s"]) == 2 for c in result["configs"].values())
+    assert {"prge_over_forward_2E", "mezo_over_prge", "mezo_structural_limit"} <= set(result["ratios"])
+    assert result["provenance"]["wall_time_s"] > 0
+    assert main(["bench", "--method", "nope", "--out", str(out)]) == 2
