@@ -96,93 +96,149 @@ def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: b
     return times
 
 
-def _step_function(name: str, model, E: int, q: int, seq_len: int, eps: float, lr: float):
-    """(step(t), rows per query, forwards per step) for configuration ``name``."""
+class BatchSource:
+    """Batches for step t: one fixed synthetic full-length batch, or real training batches of a task drawn
+    like the trainer does (a seeded sample each step, left-padded), which brings the task's padding in."""
+
+    def __init__(self, vocab_size: int, seq_len: int, task: str | None = None, tokenizer=None, seed: int = 0,
+                 device="cpu"):
+        self.vocab_size, self.seq_len, self.seed, self.device = vocab_size, seq_len, seed, device
+        self.items, self.pad_id = None, None
+        if task is not None:
+            from .data import sample_task
+            from .objective import encode_example
+            from .tasks import get_task
+
+            spec = get_task(task)
+            data = sample_task(spec, seed)
+            self.items = [encode_example(spec, tokenizer, ex, seq_len) for ex in data.train]
+            self.pad_id = tokenizer.pad_token_id
+        self._fixed: dict[int, object] = {}
+
+    def __call__(self, rows: int, t: int):
+        if self.items is None:
+            if rows not in self._fixed:
+                self._fixed[rows] = synthetic_batch(rows, self.seq_len, self.vocab_size).to(self.device)
+            return self._fixed[rows]
+        import random
+
+        from .objective import collate
+        picks = random.Random(self.seed * 1_000_003 + t).sample(range(len(self.items)), rows)
+        return collate([self.items[i] for i in picks], self.pad_id).to(self.device)
+
+
+def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: float, lr: float):
+    """(step(t), rows per query, forwards per step) for configuration ``name`` with q queries."""
     from .fo import FirstOrder
     from .lora import inject_lorafa
     from .prge import PRGE, MeZOFull
 
     family, outer, inner = CONFIGS[name]
-    q = 1 if name in ("mezo-lorafa", "inference", "fo", "fo-lorafa") else q
     if E % q:
         raise ValueError(f"E = {E} must be a multiple of q = {q}")
     rows = E // q
-    batch = synthetic_batch(rows, seq_len, model.config.vocab_size).to(next(model.parameters()).device)
     if family == "inference":
         def step(t):
             with torch.no_grad():
-                row_losses(model, batch)
+                row_losses(model, source(rows, t))
         return step, rows, 1
     if family in ("fo", "fo-lorafa"):
         method = FirstOrder(model, 1e-5, "adam", lorafa=family == "fo-lorafa")
-        return (lambda t: method.step(batch, t)), rows, 1
+        return (lambda t: method.step(source(rows, t), t)), rows, 1
     if family == "mezo":
         method = MeZOFull(model, q, eps, lr)
-        return (lambda t: method.step(batch, t)), rows, 2 * q
+        return (lambda t: method.step(source(rows, t), t)), rows, 2 * q
     layers = inject_lorafa(model)
     method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner)
     forwards = (1 if outer else q) * (1 if inner else 2)
-    return (lambda t: method.step(batch, t)), rows, forwards
+    return (lambda t: method.step(source(rows, t), t)), rows, forwards
 
 
-def bench(load: Callable[[], object], names: list[str], E: int = 16, q: int = 4, seq_len: int = 64,
-          repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
-          progress: Callable[[str], None] = print) -> dict:
-    """Benchmark ``names`` (keys of CONFIGS) one after another, each on a model from ``load()``.
+def _floor(model, E: int, source: BatchSource, repeats: int, warmup: int, cuda: bool) -> dict:
+    """A plain forward of E and 2E rows, the same through LoRA-FA layers (B = 0, no copies), and one
+    MeZO perturbation pass over every weight (t_perturb; Gao et al. App. A)."""
+    from .lora import inject_lorafa, lorafa_layers
+    from .rge import add_noise_
 
-    Also measures, on the first model: a plain forward of E and of 2E rows (the floor every ZO step is
-    compared with) and one MeZO perturbation pass over all weights (t_perturb; Gao et al. App. A).
+    floor = {}
+    params = [p for p in model.parameters() if p.dtype.is_floating_point]
+    floor["perturb_pass_s"] = statistics.median(time_steps(lambda t: add_noise_(params, t, 1e-9), repeats,
+                                                           warmup, cuda))
+    floor["weights"] = sum(p.numel() for p in params)
+    for label in ("forward", "lorafa_forward"):
+        if label == "lorafa_forward":
+            inject_lorafa(model)
+        for rows in (E, 2 * E):
+            def forward(t, rows=rows):
+                with torch.no_grad():
+                    row_losses(model, source(rows, t))
+            floor[f"{label}_{rows}_rows_s"] = statistics.median(time_steps(forward, repeats, warmup, cuda))
+    floor["lorafa_layers"] = len(lorafa_layers(model))
+    return floor
+
+
+def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
+          seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
+          task: str | None = None, tokenizer=None, progress: Callable[[str], None] = print) -> dict:
+    """Benchmark ``names`` (keys of CONFIGS) one after another, each on a fresh model from ``load()``.
+
+    P-RGE configurations run once per q in ``qs`` (keys "prge@q4" when several q are given); inference,
+    FO and MeZO (Full) use q = 1, B = E, as in the paper; "mezo-lorafa" is P-RGE with q = 1. First, on
+    its own model, the floor (see :func:`_floor`). With ``task`` the batches are real training batches.
     """
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise ValueError(f"unknown benchmark configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    runs = [("floor", None)]
+    for name in names:
+        per_q = name.startswith("prge")
+        for q in (qs if per_q else (1,)):
+            runs.append((f"{name}@q{q}" if per_q and len(qs) > 1 else name, (name, q)))
     results, floor = {}, {}
-    for name in ["forward"] + names:
+    for key, spec in runs:
         model = load()
         device = next(model.parameters()).device
         cuda = device.type == "cuda"
+        source = BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=device)
         with torch.no_grad():   # page every weight in (loaded weights may be memory-mapped) before the baseline
             row_losses(model, synthetic_batch(1, 4, model.config.vocab_size).to(device))
         meter = PeakMemory(device)
         meter.start()
-        if name == "forward":
-            from .rge import add_noise_
-            params = [p for p in model.parameters() if p.dtype.is_floating_point]
-            for rows in (E, 2 * E):
-                batch = synthetic_batch(rows, seq_len, model.config.vocab_size).to(device)
-
-                def forward(t, batch=batch):
-                    with torch.no_grad():
-                        row_losses(model, batch)
-                floor[f"forward_{rows}_rows_s"] = statistics.median(time_steps(forward, repeats, warmup, cuda))
-            floor["perturb_pass_s"] = statistics.median(time_steps(
-                lambda t: add_noise_(params, t, 1e-9), repeats, warmup, cuda))
-            floor["weights"] = sum(p.numel() for p in params)
-            progress(f"floor: forward {E} rows {floor[f'forward_{E}_rows_s']:.3f} s, "
-                     f"{2 * E} rows {floor[f'forward_{2 * E}_rows_s']:.3f} s, "
-                     f"perturbation pass {floor['perturb_pass_s']:.3f} s")
+        if spec is None:
+            floor = _floor(model, E, source, repeats, warmup, cuda)
+            progress("floor: " + ", ".join(f"{k} {v:.3f}" for k, v in floor.items() if k.endswith("_s")))
         else:
-            step, rows, forwards = _step_function(name, model, E, q, seq_len, eps, lr)
+            name, q = spec
+            step, rows, forwards = _step_function(name, model, E, q, source, eps, lr)
             times = time_steps(step, repeats, warmup, cuda)
-            results[name] = {"median_s": statistics.median(times), "times_s": times, "rows_per_query": rows,
-                             "forwards_per_step": forwards, "peak_mib": meter.peak_mib()}
-            progress(f"{name}: {results[name]['median_s']:.3f} s/step, peak +{results[name]['peak_mib']:.0f} MiB")
+            results[key] = {"config": name, "q": q, "rows_per_query": rows, "forwards_per_step": forwards,
+                            "median_s": statistics.median(times), "times_s": times, "peak_mib": meter.peak_mib()}
+            peak = results[key]["peak_mib"]
+            progress(f"{key}: {results[key]['median_s']:.3f} s/step" +
+                     ("" if peak is None else f", peak +{peak:.0f} MiB"))
         del model
         _release_memory()
     return {"floor": floor, "configs": results, "ratios": ratios(floor, results, E)}
 
 
 def ratios(floor: dict, results: dict, E: int) -> dict:
-    """The ratios the issue's targets are stated in, from one run."""
+    """The ratios the performance claims are stated in, all from one run."""
     out = {}
-    f2e = floor.get(f"forward_{2 * E}_rows_s")
-    if f2e:
-        for name, r in results.items():
-            out[f"{name}_over_forward_2E"] = r["median_s"] / f2e
-        out["mezo_structural_limit"] = 1 + 4 * floor["perturb_pass_s"] / f2e
+    for label in ("forward", "lorafa_forward"):
+        reference = floor.get(f"{label}_{2 * E}_rows_s")
+        if reference:
+            for name, r in results.items():
+                out[f"{name}_over_{label}_2E"] = r["median_s"] / reference
+    if floor.get(f"forward_{2 * E}_rows_s"):
+        out["mezo_structural_limit"] = 1 + 4 * floor["perturb_pass_s"] / floor[f"forward_{2 * E}_rows_s"]
+    prge = [k for k in results if results[k]["config"] == "prge"]
+    main = next((k for k in prge if results[k]["q"] == 4), prge[0] if prge else None)
     for ref in ("mezo", "mezo-lorafa"):
-        if ref in results and "prge" in results:
-            out[f"{ref}_over_prge"] = results[ref]["median_s"] / results["prge"]["median_s"]
-    if "mezo_over_prge" in out:
-        out["share_of_structural_limit"] = out["mezo_over_prge"] / out["mezo_structural_limit"]
+        if ref in results and main:
+            out[f"{ref}_over_{main}"] = results[ref]["median_s"] / results[main]["median_s"]
+    if main and "mezo" in results and "mezo_structural_limit" in out:
+        out["share_of_structural_limit"] = out[f"mezo_over_{main}"] / out["mezo_structural_limit"]
+    if len(prge) > 1:
+        times = [results[k]["median_s"] for k in prge]
+        out["prge_spread_over_q"] = max(times) / min(times) - 1
     return out

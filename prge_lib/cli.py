@@ -104,11 +104,18 @@ def _bench(args) -> int:
     from .provenance import provenance, write_result
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
+    try:
+        qs = tuple(int(v) for v in args.q.split(","))
+    except ValueError:
+        raise ValueError(f"--q takes integers separated by commas, got {args.q!r}") from None
     start = time.perf_counter()
+    tokenizer = load_model(args.model)[1] if args.task else None
     result = bench(lambda: load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)[0],
-                   names, E=args.E, q=args.q, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
-                   progress=lambda line: print(line, file=sys.stderr))
-    result.update({"kind": "bench", "methods": names, "E": args.E, "q": args.q, "seq_len": args.seq_len,
+                   names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
+                   task=args.task, tokenizer=tokenizer, progress=lambda line: print(line, file=sys.stderr))
+    result.update({"kind": "bench", "methods": names, "E": args.E, "q": list(qs), "seq_len": args.seq_len,
+                   "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
+                   else "synthetic, full length, no padding",
                    "quant": args.quant, "dtype": args.dtype, "model": args.model or "SmolLM2-135M-Instruct",
                    "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
                    "provenance": provenance(time.perf_counter() - start)})
@@ -175,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")
     be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
-    be.add_argument("--q", type=int, default=4)
-    be.add_argument("--seq-len", type=int, default=64)
+    be.add_argument("--q", default="4", help="queries for the prge configurations; several: 1,4,16")
+    be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")
+    be.add_argument("--task", default=None, help="time real training batches of this task instead")
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--warmup", type=int, default=1)
     _add_model_options(be)

@@ -58,3 +58,13 @@ def tiny_folder(tiny_factory, tokenizer, tmp_path_factory) -> Path:
     tiny_factory().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (minutes of real training) run only with PRGE_SLOW=1."""
+    if os.environ.get("PRGE_SLOW", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return
+    skip = pytest.mark.skip(reason="slow: set PRGE_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
