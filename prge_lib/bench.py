@@ -1,8 +1,8 @@
 """Step time and peak memory of every method on synthetic full-length batches (Gao et al. §4.2, "standard
 benchmark"; Tables 8, 13, Fig. 5 and 7; chapters 1, 3, 5, 6).
 
-Each configuration gets a freshly loaded model. Timing: the median over ``repeats`` steps after ``warmup``
-steps. Memory: the peak above the memory held once the loaded model has run one tiny forward (which pages
+Each configuration gets a freshly loaded model. Timing: the median over ``repeats`` rounds, each timing one
+step after ``warmup`` steps (rounds interleave the configurations). Memory: the peak above the memory held once the loaded model has run one tiny forward (which pages
 memory-mapped weights in) — on a CPU the process's
 peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``), on a GPU the CUDA allocator's peak.
 Ratios between configurations are meaningful only within one run on one otherwise idle machine.
@@ -82,16 +82,17 @@ class PeakMemory:
         return None if self.base is None or top is None else (top - self.base) / 1024
 
 
-def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: bool) -> list[float]:
+def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: bool, first: int = 0) -> list[float]:
+    """Wall times of ``repeats`` calls step(t) after ``warmup`` untimed ones (t counts from ``first``)."""
     times = []
-    for t in range(warmup + repeats):
+    for t in range(first, first + warmup + repeats):
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
         step(t)
         if cuda:
             torch.cuda.synchronize()
-        if t >= warmup:
+        if t >= first + warmup:
             times.append(time.perf_counter() - start)
     return times
 
@@ -154,17 +155,15 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
 
 
-def _floor(model, E: int, source: BatchSource, repeats: int, warmup: int, cuda: bool) -> dict:
-    """A plain forward of E and 2E rows, the same through LoRA-FA layers (B = 0, no copies), and one
-    MeZO perturbation pass over every weight (t_perturb; Gao et al. App. A)."""
-    from .lora import inject_lorafa, lorafa_layers
+def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: int) -> dict:
+    """One timing each of: a plain forward of E and 2E rows, the same through LoRA-FA layers (B = 0, no
+    copies), and one MeZO perturbation pass over every weight (t_perturb; Gao et al. App. A)."""
+    from .lora import inject_lorafa
     from .rge import add_noise_
 
     floor = {}
     params = [p for p in model.parameters() if p.dtype.is_floating_point]
-    floor["perturb_pass_s"] = statistics.median(time_steps(lambda t: add_noise_(params, t, 1e-9), repeats,
-                                                           warmup, cuda))
-    floor["weights"] = sum(p.numel() for p in params)
+    floor["perturb_pass_s"] = time_steps(lambda t: add_noise_(params, t, 1e-9), 1, warmup, cuda, first)[0]
     for label in ("forward", "lorafa_forward"):
         if label == "lorafa_forward":
             inject_lorafa(model)
@@ -172,19 +171,21 @@ def _floor(model, E: int, source: BatchSource, repeats: int, warmup: int, cuda: 
             def forward(t, rows=rows):
                 with torch.no_grad():
                     row_losses(model, source(rows, t))
-            floor[f"{label}_{rows}_rows_s"] = statistics.median(time_steps(forward, repeats, warmup, cuda))
-    floor["lorafa_layers"] = len(lorafa_layers(model))
+            floor[f"{label}_{rows}_rows_s"] = time_steps(forward, 1, warmup, cuda, first)[0]
     return floor
 
 
 def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
           seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
           task: str | None = None, tokenizer=None, progress: Callable[[str], None] = print) -> dict:
-    """Benchmark ``names`` (keys of CONFIGS) one after another, each on a fresh model from ``load()``.
+    """Benchmark ``names`` (keys of CONFIGS), each on a fresh model from ``load()``.
 
     P-RGE configurations run once per q in ``qs`` (keys "prge@q4" when several q are given); inference,
-    FO and MeZO (Full) use q = 1, B = E, as in the paper; "mezo-lorafa" is P-RGE with q = 1. First, on
-    its own model, the floor (see :func:`_floor`). With ``task`` the batches are real training batches.
+    FO and MeZO (Full) use q = 1, B = E, as in the paper; "mezo-lorafa" is P-RGE with q = 1. The floor
+    (see :func:`_floor`) is measured alongside. The work runs in ``repeats`` rounds; each round loads every
+    configuration afresh, warms it up and times one step, so a machine whose speed drifts during the run
+    biases no configuration against another. Reported: the median over rounds and the largest peak.
+    With ``task`` the batches are real training batches.
     """
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -194,31 +195,48 @@ def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[i
         per_q = name.startswith("prge")
         for q in (qs if per_q else (1,)):
             runs.append((f"{name}@q{q}" if per_q and len(qs) > 1 else name, (name, q)))
-    results, floor = {}, {}
+    times: dict[str, list[float]] = {key: [] for key, _ in runs}
+    floors: list[dict] = []
+    peaks: dict[str, list[float]] = {key: [] for key, _ in runs}
+    shape: dict[str, tuple[int, int]] = {}
+    for round_ in range(repeats):
+        first = round_ * (warmup + 1)     # real batches differ from round to round
+        for key, spec in runs:
+            model = load()
+            device = next(model.parameters()).device
+            cuda = device.type == "cuda"
+            source = BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=device)
+            with torch.no_grad():   # page every weight in (weights may be memory-mapped) before the baseline
+                row_losses(model, synthetic_batch(1, 4, model.config.vocab_size).to(device))
+            meter = PeakMemory(device)
+            meter.start()
+            if spec is None:
+                floors.append(_floor(model, E, source, warmup, cuda, first))
+            else:
+                name, q = spec
+                step, rows, forwards = _step_function(name, model, E, q, source, eps, lr)
+                times[key] += time_steps(step, 1, warmup, cuda, first)
+                shape[key] = (rows, forwards)
+                peak = meter.peak_mib()
+                if peak is not None:
+                    peaks[key].append(peak)
+            del model
+            _release_memory()
+        progress(f"round {round_ + 1}/{repeats}: " + ", ".join(
+            f"{key} {times[key][-1]:.2f} s" for key, spec in runs if spec is not None))
+    floor = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+    floor["weights"] = sum(p.numel() for p in load().parameters() if p.dtype.is_floating_point)
+    results = {}
     for key, spec in runs:
-        model = load()
-        device = next(model.parameters()).device
-        cuda = device.type == "cuda"
-        source = BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=device)
-        with torch.no_grad():   # page every weight in (loaded weights may be memory-mapped) before the baseline
-            row_losses(model, synthetic_batch(1, 4, model.config.vocab_size).to(device))
-        meter = PeakMemory(device)
-        meter.start()
         if spec is None:
-            floor = _floor(model, E, source, repeats, warmup, cuda)
-            progress("floor: " + ", ".join(f"{k} {v:.3f}" for k, v in floor.items() if k.endswith("_s")))
-        else:
-            name, q = spec
-            step, rows, forwards = _step_function(name, model, E, q, source, eps, lr)
-            times = time_steps(step, repeats, warmup, cuda)
-            results[key] = {"config": name, "q": q, "rows_per_query": rows, "forwards_per_step": forwards,
-                            "median_s": statistics.median(times), "times_s": times, "peak_mib": meter.peak_mib()}
-            peak = results[key]["peak_mib"]
-            progress(f"{key}: {results[key]['median_s']:.3f} s/step" +
-                     ("" if peak is None else f", peak +{peak:.0f} MiB"))
-        del model
-        _release_memory()
-    return {"floor": floor, "configs": results, "ratios": ratios(floor, results, E)}
+            continue
+        results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
+                        "forwards_per_step": shape[key][1], "median_s": statistics.median(times[key]),
+                        "times_s": times[key], "peak_mib": max(peaks[key]) if peaks[key] else None}
+        peak = results[key]["peak_mib"]
+        progress(f"{key}: {results[key]['median_s']:.3f} s/step" +
+                 ("" if peak is None else f", peak {peak:+.0f} MiB above the loaded model"))
+    return {"floor": floor, "floor_rounds": floors, "configs": results, "ratios": ratios(floor, results, E)}
 
 
 def ratios(floor: dict, results: dict, E: int) -> dict:

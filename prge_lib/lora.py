@@ -56,12 +56,13 @@ class LoRAFALinear(nn.Module):
     def copy_weights(self) -> torch.Tensor:
         """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed)."""
         draws: dict[int, torch.Tensor] = {}
-        for seed, _ in self.copies:
+        out = torch.empty((len(self.copies), *self.lora_B.shape), device=self.lora_B.device,
+                          dtype=self.lora_B.dtype)
+        for c, (seed, scale) in enumerate(self.copies):
             if seed not in draws:
                 draws[seed] = self.noise(seed)
-        z = torch.stack([draws[seed] for seed, _ in self.copies])
-        scale = torch.tensor([s for _, s in self.copies], device=z.device, dtype=z.dtype)
-        return self.lora_B[None] + scale[:, None, None] * z
+            torch.add(self.lora_B, draws[seed], alpha=scale, out=out[c])
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)

@@ -61,8 +61,8 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
     finite = bool(torch.isfinite(losses).all())
     if update and finite:
         for layer in layers:
-            z = torch.stack([layer.noise(s) for s in seeds])                 # (q, out, r), redrawn
-            layer.lora_B.sub_((lr / q) * torch.einsum("q,qor->or", g.to(z.device), z))
+            for seed, gi in zip(seeds, g.tolist()):
+                layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i redrawn from s_i
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
 
 
