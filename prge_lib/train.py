@@ -167,11 +167,14 @@ class Trainer:
         n = len(self.items)
         return random.Random(mix_seed(self.config.seed, 0xDA7A, epoch)).sample(range(n), n)
 
-    def batch_indices(self, t: int) -> list[int]:
+    def epoch_position(self, t: int) -> tuple[int, int]:
+        """(epoch, offset in that epoch's order) of step t's first example; a last partial batch is dropped."""
         b = self.config.batch_size
-        usable = len(self.items) - len(self.items) % b   # drop the last partial batch of an epoch
-        epoch, offset = divmod(t * b, usable)
-        return self.epoch_order(epoch)[offset:offset + b]
+        return divmod(t * b, len(self.items) - len(self.items) % b)
+
+    def batch_indices(self, t: int) -> list[int]:
+        epoch, offset = self.epoch_position(t)
+        return self.epoch_order(epoch)[offset:offset + self.config.batch_size]
 
     def batch(self, t: int):
         items = [self.items[i] for i in self.batch_indices(t)]
@@ -203,7 +206,7 @@ class Trainer:
         if path is None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
-        epoch = self.step * self.config.batch_size // max(1, len(self.items) - len(self.items) % self.config.batch_size)
+        epoch = self.epoch_position(self.step)[0]
         payload = {"format": 1, "config": self.config.identity(), "step": self.step,
                    "method": self.method.state(), "history": self.history, "elapsed": self.elapsed,
                    "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
