@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import statistics
+import threading
 import time
 from typing import Callable
 
@@ -30,6 +32,7 @@ CONFIGS = {
     "prge-outer": ("prge", True, False),
     "prge-inner": ("prge", False, True),
     "prge": ("prge", True, True),
+    "prge-keepz": ("prge", True, True),         # z drawn once per step and kept (q·d floats) for the update
 }
 
 
@@ -55,10 +58,27 @@ def _release_memory() -> None:
 
 
 class PeakMemory:
-    """Peak memory above the level at ``start()``, in MiB (CPU: resident set; CUDA: allocator)."""
+    """Peak memory above the level at ``start()``, in MiB (CPU: resident set; CUDA: allocator).
+
+    On a CPU two readings are combined: the kernel's high-water mark (``VmHWM``, reset through
+    ``/proc/self/clear_refs``), which Linux refreshes only at some events (unmapping memory, exit), and a
+    thread sampling the resident set every millisecond, which catches peaks the high-water mark misses.
+    """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self._stop = threading.Event()
+        self._sampled = 0
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE") // 1024
+        while not self._stop.is_set():
+            try:
+                with open("/proc/self/statm") as f:
+                    self._sampled = max(self._sampled, int(f.read().split()[1]) * page)
+            except OSError:
+                return
+            self._stop.wait(0.001)
 
     def start(self) -> None:
         _release_memory()
@@ -72,14 +92,19 @@ class PeakMemory:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")           # resets VmHWM to the current resident set (Linux)
         except OSError:
-            self.base = None
+            pass
+        self._sampled = self.base or 0
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
 
     def peak_mib(self) -> float | None:
         if self.cuda:
             torch.cuda.synchronize()
             return (torch.cuda.max_memory_allocated() - self.base) / 2**20
-        top = _status_kib("VmHWM")
-        return None if self.base is None or top is None else (top - self.base) / 1024
+        self._stop.set()
+        self._thread.join()
+        top = max(_status_kib("VmHWM") or 0, self._sampled)
+        return None if self.base is None or not top else (top - self.base) / 1024
 
 
 def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: bool, first: int = 0) -> list[float]:
@@ -150,7 +175,7 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
         method = MeZOFull(model, q, eps, lr)
         return (lambda t: method.step(source(rows, t), t)), rows, 2 * q
     layers = inject_lorafa(model)
-    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner)
+    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=name == "prge-keepz")
     forwards = (1 if outer else q) * (1 if inner else 2)
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
 

@@ -54,6 +54,7 @@ def _train(args) -> int:
     sizes = {k: v for k, v in sizes.items() if v is not None}
     config = TrainConfig(task=args.task, method=args.method, steps=args.steps, lr=args.lr, eps=args.eps, q=args.q,
                          E=args.E, batch_size=args.batch_size, outer=args.outer, inner=args.inner,
+                         keep_noise=args.keep_noise,
                          optimizer=args.optimizer, r=args.r, alpha=args.alpha, targets=tuple(args.targets.split(",")),
                          seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
                          max_length=args.max_length, model=args.model, dtype=args.dtype, quant=args.quant,
@@ -160,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="P-RGE: the q queries in one forward (default on)")
     tr.add_argument("--inner", action=argparse.BooleanOptionalAction, default=None,
                     help="P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
+    tr.add_argument("--keep-noise", action="store_true",
+                    help="P-RGE: keep each z from the forward for the update (faster, q·d floats of memory)")
     tr.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="FO optimizer")
     tr.add_argument("--r", type=int, default=16, help="LoRA rank")
     tr.add_argument("--alpha", type=float, default=32, help="LoRA alpha")

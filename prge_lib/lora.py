@@ -45,13 +45,19 @@ class LoRAFALinear(nn.Module):
         self.register_buffer("lora_A", a.to(device))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device))
         self.copies: list[tuple[int, float]] | None = None   # (seed, signed scale) per group, set by perturbed()
+        self.kept: dict[int, torch.Tensor] | None = None     # seed -> z, while a step keeps its noise
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, r={self.r}, alpha={self.alpha}"
 
     def noise(self, seed: int) -> torch.Tensor:
         """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
-        return gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
+        if self.kept is not None and seed in self.kept:
+            return self.kept[seed]
+        z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
+        if self.kept is not None:
+            self.kept[seed] = z
+        return z
 
     def copy_weights(self) -> torch.Tensor:
         """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed)."""

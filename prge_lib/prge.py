@@ -43,13 +43,27 @@ def forward_groups(q: int, outer: bool, inner: bool) -> list[list[tuple[int, int
 
 @torch.no_grad()
 def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int], eps: float,
-              lr: float, outer: bool = True, inner: bool = True, update: bool = True) -> dict:
+              lr: float, outer: bool = True, inner: bool = True, update: bool = True,
+              keep_noise: bool = False) -> dict:
     """One P-RGE step on ``batch`` (Gao et al. Alg. 1). Returns per-query losses ℓ⁺, ℓ⁻ and g (q,) tensors.
 
-    With ``update=False`` (or a non-finite loss) the adapter is left untouched.
+    With ``update=False`` (or a non-finite loss) the adapter is left untouched. ``keep_noise`` keeps each
+    z from the forward for the update instead of drawing it again: half the random draws for q·d floats
+    of memory during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
     """
     q = len(seeds)
     check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
+    for layer in layers:
+        layer.kept = {} if keep_noise else None
+    try:
+        return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
+    finally:
+        for layer in layers:
+            layer.kept = None
+
+
+def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
+    q = len(seeds)
     losses = torch.empty(2, q)
     for group in forward_groups(q, outer, inner):
         copies = [(seeds[i], sign * eps) for i, sign in group]
@@ -62,7 +76,7 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
     if update and finite:
         for layer in layers:
             for seed, gi in zip(seeds, g.tolist()):
-                layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i redrawn from s_i
+                layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
 
 
@@ -92,16 +106,16 @@ class PRGE(ZerothOrder):
     """P-RGE on LoRA-FA layers already injected into ``model`` (q = 1: MeZO on LoRA-FA)."""
 
     def __init__(self, model, layers: Sequence[LoRAFALinear], q: int, eps: float, lr: float, seed: int = 0,
-                 outer: bool = True, inner: bool = True):
+                 outer: bool = True, inner: bool = True, keep_noise: bool = False):
         super().__init__(model, q, eps, lr, seed)
-        self.layers, self.outer, self.inner = list(layers), outer, inner
+        self.layers, self.outer, self.inner, self.keep_noise = list(layers), outer, inner, keep_noise
 
     def trainable(self):
         return {f"{layer.index}.lora_B": layer.lora_B for layer in self.layers}
 
     def step(self, batch: Batch, t: int) -> dict:
         out = prge_step(self.model, self.layers, batch, step_seeds(self.seed, t, self.q), self.eps, self.lr,
-                        self.outer, self.inner)
+                        self.outer, self.inner, keep_noise=self.keep_noise)
         return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
                 "projected_grad": out["projected_grad"].tolist()}
 

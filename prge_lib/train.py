@@ -56,6 +56,7 @@ class TrainConfig:
     batch_size: int | None = None    # FO rows per step
     outer: bool = True               # P-RGE: the q queries in one forward
     inner: bool | None = None        # P-RGE: +ε and −ε in one forward
+    keep_noise: bool = False         # P-RGE: keep z from the forward for the update (q·d floats)
     optimizer: str = "adam"          # FO only; ZO methods are ZO-SGD
     r: int = 16
     alpha: float = 32
@@ -131,7 +132,7 @@ def build_method(config: TrainConfig, model):
     if c.method == "mezo":
         return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
     layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed)
-    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner)
+    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
 
 
 class Trainer:

@@ -46,6 +46,18 @@ def test_outer_and_inner_switches_compute_the_same_step(tiny_factory):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
 
 
+def test_keeping_the_noise_changes_nothing_but_speed(tiny_factory):
+    batch = synthetic_batch(2, 5, tiny_factory().config.vocab_size)
+    after = []
+    for keep in (False, True):
+        model, layers = _model_with_b(tiny_factory)
+        prge_step(model, layers, batch, step_seeds(0, 1, 3), 1e-2, 0.1, outer=False, keep_noise=keep)
+        assert all(layer.kept is None for layer in layers)      # nothing kept after the step
+        after.append([layer.lora_B.clone() for layer in layers])
+    for a, b in zip(*after):
+        assert torch.equal(a, b)
+
+
 def test_update_is_lr_over_q_times_sum_of_g_z(tiny_factory):
     model, layers = _model_with_b(tiny_factory)
     before = [layer.lora_B.clone() for layer in layers]
