@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from typing import Callable
@@ -200,21 +203,30 @@ def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: i
     return floor
 
 
-def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
+def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
           seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
-          task: str | None = None, tokenizer=None, progress: Callable[[str], None] = print) -> dict:
-    """Benchmark ``names`` (keys of CONFIGS), each on a fresh model from ``load()``.
+          task: str | None = None, progress: Callable[[str], None] = print) -> dict:
+    """Benchmark ``names`` (keys of CONFIGS), each on a fresh model loaded with ``load_model(**model)``.
 
     P-RGE configurations run once per q in ``qs`` (keys "prge@q4" when several q are given); inference,
     FO and MeZO (Full) use q = 1, B = E, as in the paper; "mezo-lorafa" is P-RGE with q = 1. The floor
     (see :func:`_floor`) is measured alongside. The work runs in ``repeats`` rounds; each round loads every
     configuration afresh, warms it up and times one step, so a machine whose speed drifts during the run
-    biases no configuration against another. Reported: the median over rounds and the largest peak.
+    biases no configuration against another; the median over rounds is reported. Peak memory is measured
+    afterwards, one fresh process per configuration (:func:`peak_in_subprocess`): inside one long process
+    the allocator reuses memory freed by earlier configurations and hides later peaks.
     With ``task`` the batches are real training batches.
     """
+    from .models import load_model
+
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise ValueError(f"unknown benchmark configuration(s) {unknown}; choose from {list(CONFIGS)}")
+
+    def load():
+        return load_model(**model)[0]
+
+    tokenizer = load_model(**{**model, "quant": "none"})[1] if task else None
     runs = [("floor", None)]
     for name in names:
         per_q = name.startswith("prge")
@@ -222,30 +234,23 @@ def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[i
             runs.append((f"{name}@q{q}" if per_q and len(qs) > 1 else name, (name, q)))
     times: dict[str, list[float]] = {key: [] for key, _ in runs}
     floors: list[dict] = []
-    peaks: dict[str, list[float]] = {key: [] for key, _ in runs}
     shape: dict[str, tuple[int, int]] = {}
     for round_ in range(repeats):
         first = round_ * (warmup + 1)     # real batches differ from round to round
         for key, spec in runs:
-            model = load()
-            device = next(model.parameters()).device
+            net = load()
+            device = next(net.parameters()).device
             cuda = device.type == "cuda"
-            source = BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=device)
-            with torch.no_grad():   # page every weight in (weights may be memory-mapped) before the baseline
-                row_losses(model, synthetic_batch(1, 4, model.config.vocab_size).to(device))
-            meter = PeakMemory(device)
-            meter.start()
+            source = BatchSource(net.config.vocab_size, seq_len, task, tokenizer, device=device)
             if spec is None:
-                floors.append(_floor(model, E, source, warmup, cuda, first))
+                floors.append(_floor(net, E, source, warmup, cuda, first))
+                step = None
             else:
                 name, q = spec
-                step, rows, forwards = _step_function(name, model, E, q, source, eps, lr)
+                step, rows, forwards = _step_function(name, net, E, q, source, eps, lr)
                 times[key] += time_steps(step, 1, warmup, cuda, first)
                 shape[key] = (rows, forwards)
-                peak = meter.peak_mib()
-                if peak is not None:
-                    peaks[key].append(peak)
-            del model
+            del net, step
             _release_memory()
         progress(f"round {round_ + 1}/{repeats}: " + ", ".join(
             f"{key} {times[key][-1]:.2f} s" for key, spec in runs if spec is not None))
@@ -255,13 +260,41 @@ def bench(load: Callable[[], object], names: list[str], E: int = 16, qs: tuple[i
     for key, spec in runs:
         if spec is None:
             continue
+        peak = peak_in_subprocess(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr)
         results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
                         "forwards_per_step": shape[key][1], "median_s": statistics.median(times[key]),
-                        "times_s": times[key], "peak_mib": max(peaks[key]) if peaks[key] else None}
+                        "times_s": times[key], "peak_mib": peak}
         peak = results[key]["peak_mib"]
         progress(f"{key}: {results[key]['median_s']:.3f} s/step" +
                  ("" if peak is None else f", peak {peak:+.0f} MiB above the loaded model"))
     return {"floor": floor, "floor_rounds": floors, "configs": results, "ratios": ratios(floor, results, E)}
+
+
+def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, warmup: int,
+                       task: str | None, eps: float, lr: float) -> float | None:
+    """Peak memory (MiB above the loaded model) of ``warmup`` + 1 steps of ``name``, in a fresh process."""
+    job = {"model": model, "name": name, "E": E, "q": q, "seq_len": seq_len, "warmup": warmup, "task": task,
+           "eps": eps, "lr": lr}
+    proc = subprocess.run([sys.executable, "-m", "prge_lib.bench", json.dumps(job)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory measurement of {name!r} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def _measure_peak(job: dict) -> float | None:
+    from .models import load_model
+
+    model, tokenizer = load_model(**job["model"])
+    device = next(model.parameters()).device
+    source = BatchSource(model.config.vocab_size, job["seq_len"], job["task"], tokenizer, device=device)
+    with torch.no_grad():   # page every weight in (weights may be memory-mapped) before the baseline
+        row_losses(model, synthetic_batch(1, 4, model.config.vocab_size).to(device))
+    meter = PeakMemory(device)
+    meter.start()
+    step, _, _ = _step_function(job["name"], model, job["E"], job["q"], source, job["eps"], job["lr"])
+    time_steps(step, 1, job["warmup"], device.type == "cuda")
+    return meter.peak_mib()
 
 
 def ratios(floor: dict, results: dict, E: int) -> dict:
@@ -285,3 +318,7 @@ def ratios(floor: dict, results: dict, E: int) -> dict:
         times = [results[k]["median_s"] for k in prge]
         out["prge_spread_over_q"] = max(times) / min(times) - 1
     return out
+
+
+if __name__ == "__main__":     # the worker behind peak_in_subprocess
+    print(json.dumps({"peak_mib": _measure_peak(json.loads(sys.argv[1]))}))

@@ -101,7 +101,6 @@ def _train(args) -> int:
 
 def _bench(args) -> int:
     from .bench import bench
-    from .models import load_model
     from .provenance import provenance, write_result
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
@@ -110,10 +109,9 @@ def _bench(args) -> int:
     except ValueError:
         raise ValueError(f"--q takes integers separated by commas, got {args.q!r}") from None
     start = time.perf_counter()
-    tokenizer = load_model(args.model)[1] if args.task else None
-    result = bench(lambda: load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)[0],
-                   names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
-                   task=args.task, tokenizer=tokenizer, progress=lambda line: print(line, file=sys.stderr))
+    spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
+    result = bench(spec, names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
+                   task=args.task, progress=lambda line: print(line, file=sys.stderr))
     result.update({"kind": "bench", "methods": names, "E": args.E, "q": list(qs), "seq_len": args.seq_len,
                    "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
                    else "synthetic, full length, no padding",
