@@ -9,6 +9,7 @@ import time
 
 from .config import fast_mode, seed_everything
 from .lora import DEFAULT_TARGETS
+from .provenance import provenance, write_result   # reads the commit now, before any work
 from .tasks import TASKS
 
 
@@ -16,7 +17,6 @@ def _zeroshot(args) -> int:
     from .data import sample_task
     from .evaluate import zero_shot
     from .models import load_model
-    from .provenance import provenance, write_result
     from .tasks import get_task
 
     task = get_task(args.task)
@@ -47,7 +47,6 @@ def _zeroshot(args) -> int:
 
 def _train(args) -> int:
     from .lora import save_adapter
-    from .provenance import provenance, write_result
     from .train import TrainConfig, Trainer, TrainingDiverged
 
     sizes = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}
@@ -101,7 +100,6 @@ def _train(args) -> int:
 
 def _bench(args) -> int:
     from .bench import bench
-    from .provenance import provenance, write_result
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
     try:

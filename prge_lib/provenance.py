@@ -56,11 +56,17 @@ def hardware() -> dict:
     return info
 
 
+_COMMIT_AT_START = git_commit()   # the code that runs is the code checked out when it was imported
+
+
 def provenance(wall_time_s: float | None = None) -> dict:
-    """The provenance block of a result: command line, commit, versions, hardware, time stamp."""
+    """The provenance block of a result: command line, commit, versions, hardware, time stamp.
+
+    The commit is read when this module is first imported, so a long run reports the code it started
+    with even if the checkout changes while it runs."""
     return {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "commit": git_commit(),
+        "commit": _COMMIT_AT_START,
         "versions": library_versions(),
         "hardware": hardware(),
         "fast_mode": os.environ.get("PRGE_FAST", ""),
