@@ -51,7 +51,6 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
     z from the forward for the update instead of drawing it again: half the random draws for q·d floats
     of memory during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
     """
-    q = len(seeds)
     check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
     for layer in layers:
         layer.kept = {} if keep_noise else None

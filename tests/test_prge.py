@@ -26,11 +26,13 @@ def test_forward_counts_of_the_four_settings():
             assert flat == sorted((i, s) for i in range(3) for s in (1, -1))
 
 
-def test_outer_and_inner_switches_compute_the_same_step(tiny_factory):
-    """Same noise, four schedules: the same per-query losses and the same update (fp32 tolerance)."""
+@pytest.mark.parametrize("q", [1, 3])
+def test_outer_and_inner_switches_compute_the_same_step(tiny_factory, q):
+    """Same noise, four schedules: the same per-query losses and the same update (fp32 tolerance).
+    q = 1 with the inner loop on is the case where an update can silently lose its projected gradient."""
     results = {}
     batch = synthetic_batch(2, 11, tiny_factory().config.vocab_size, seed=1)
-    seeds = step_seeds(5, 0, 3)
+    seeds = step_seeds(5, 0, q)
     for outer in (True, False):
         for inner in (True, False):
             model, layers = _model_with_b(tiny_factory)
@@ -38,6 +40,8 @@ def test_outer_and_inner_switches_compute_the_same_step(tiny_factory):
             results[outer, inner] = (out, [layer.lora_B.clone() for layer in layers])
     ref_out, ref_b = results[True, True]
     assert float(ref_out["projected_grad"].abs().max()) > 0
+    start, _ = _model_with_b(tiny_factory)
+    assert all(not torch.equal(b, layer.lora_B) for b, layer in zip(ref_b, lorafa_layers(start)))   # B moved
     for out, b in results.values():
         for key in ("loss_plus", "loss_minus"):
             torch.testing.assert_close(out[key], ref_out[key], rtol=1e-6, atol=1e-6)
