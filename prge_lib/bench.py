@@ -189,8 +189,8 @@ def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: i
     from .lora import inject_lorafa
     from .rge import add_noise_
 
-    floor = {}
     params = [p for p in model.parameters() if p.dtype.is_floating_point]
+    floor = {"weights": sum(p.numel() for p in params)}
     floor["perturb_pass_s"] = time_steps(lambda t: add_noise_(params, t, 1e-9), 1, warmup, cuda, first)[0]
     for label in ("forward", "lorafa_forward"):
         if label == "lorafa_forward":
@@ -223,10 +223,6 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     if unknown:
         raise ValueError(f"unknown benchmark configuration(s) {unknown}; choose from {list(CONFIGS)}")
 
-    def load():
-        return load_model(**model)[0]
-
-    tokenizer = load_model(**{**model, "quant": "none"})[1] if task else None
     runs = [("floor", None)]
     for name in names:
         per_q = name.startswith("prge")
@@ -235,13 +231,15 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     times: dict[str, list[float]] = {key: [] for key, _ in runs}
     floors: list[dict] = []
     shape: dict[str, tuple[int, int]] = {}
+    source = None       # built once, from the first model loaded (its vocabulary, tokenizer and device)
     for round_ in range(repeats):
         first = round_ * (warmup + 1)     # real batches differ from round to round
         for key, spec in runs:
-            net = load()
+            net, tokenizer = load_model(**model)
             device = next(net.parameters()).device
             cuda = device.type == "cuda"
-            source = BatchSource(net.config.vocab_size, seq_len, task, tokenizer, device=device)
+            if source is None:
+                source = BatchSource(net.config.vocab_size, seq_len, task, tokenizer, device=device)
             if spec is None:
                 floors.append(_floor(net, E, source, warmup, cuda, first))
                 step = None
@@ -255,7 +253,6 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
         progress(f"round {round_ + 1}/{repeats}: " + ", ".join(
             f"{key} {times[key][-1]:.2f} s" for key, spec in runs if spec is not None))
     floor = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
-    floor["weights"] = sum(p.numel() for p in load().parameters() if p.dtype.is_floating_point)
     results = {}
     for key, spec in runs:
         if spec is None:

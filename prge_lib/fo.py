@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from .lora import DEFAULT_TARGETS
+from .models import is_quantized
 from .objective import Batch, row_losses
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
@@ -40,15 +41,15 @@ class FirstOrder:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if not (lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive number, got {lr}")
-        quantized = any(p.dtype in (torch.int8, torch.uint8) for p in model.parameters())
         if lorafa:
             model = add_peft_lorafa(model, targets, r, alpha)
-        elif quantized:
+        elif is_quantized(model.parameters()):
             raise ValueError("full fine-tuning cannot train INT8/NF4 quantized weights; use --quant none "
                              "or the fo-lorafa method (adapter on a quantized base)")
         else:
             for param in model.parameters():
                 param.requires_grad_(True)
+        model.eval()   # no dropout: the same forward the ZO methods use
         self.model, self.lorafa = model, lorafa
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.optimizer = OPTIMIZERS[optimizer](list(self.params.values()), lr=lr)
@@ -60,7 +61,6 @@ class FirstOrder:
         return contextlib.nullcontext()
 
     def step(self, batch: Batch, t: int) -> dict:
-        self.model.train(False)   # no dropout: the same forward the ZO methods use
         with self._autocast():
             loss = row_losses(self.model, batch).mean()
         value = float(loss.detach())
@@ -73,13 +73,3 @@ class FirstOrder:
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return self.params
-
-    def state(self) -> dict:
-        return {"trainable": {k: v.detach().cpu().clone() for k, v in self.params.items()},
-                "optimizer": self.optimizer.state_dict()}
-
-    def load_state(self, state: dict) -> None:
-        with torch.no_grad():
-            for name, tensor in self.params.items():
-                tensor.copy_(state["trainable"][name])
-        self.optimizer.load_state_dict(state["optimizer"])

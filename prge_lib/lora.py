@@ -105,12 +105,15 @@ def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r:
     gen = torch.Generator().manual_seed(seed)
     layers = []
     for index, (name, module) in enumerate(found):
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
         layer = LoRAFALinear(module, r, alpha, index, gen)
-        setattr(parent, attr, layer)
+        _replace_submodule(model, name, layer)
         layers.append(layer)
     return layers
+
+
+def _replace_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
 
 
 def lorafa_layers(model: nn.Module) -> list[LoRAFALinear]:
@@ -161,12 +164,11 @@ def save_adapter(model: nn.Module, path: str | Path, metadata: dict[str, str] | 
     """Write the adapter as safetensors (atomically)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(adapter_state(model), str(tmp), metadata=metadata)
-    tmp.replace(path)
-    return path
+    from .provenance import atomic_file
+
+    with atomic_file(path) as tmp:
+        save_file(adapter_state(model), str(tmp), metadata=metadata)
+    return Path(path)
 
 
 def read_adapter(path: str | Path) -> dict[str, torch.Tensor]:
@@ -190,11 +192,7 @@ def merge_lorafa(model: nn.Module) -> int:
                             f"evaluate the unmerged model instead")
         weight = module.base.weight
         weight.copy_((weight.float() + module.scaling * module.lora_B @ module.lora_A).to(weight.dtype))
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, attr, module.base)
+        _replace_submodule(model, name, module.base)
         merged += 1
     return merged
 
-
-def count_trainable(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -34,6 +34,11 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QUANT_MODES = ("none", "int8", "nf4")
 
 
+def is_quantized(params) -> bool:
+    """True when any tensor holds INT8/NF4 storage (bitsandbytes): such weights cannot be trained in place."""
+    return any(p.dtype in (torch.int8, torch.uint8) for p in params)
+
+
 class ModelUnavailableError(RuntimeError):
     """A model id that cannot be loaded here (no hub, no local copy)."""
 

@@ -36,9 +36,6 @@ class Batch:
         """The batch stacked n times, copy-major: rows c·b … (c+1)·b − 1 are copy c."""
         return Batch(self.input_ids.repeat(n, 1), self.attention_mask.repeat(n, 1), self.targets.repeat(n, 1))
 
-    def tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
 
 def encode_example(task: Task, tokenizer, example: dict, max_length: int | None = None) -> tuple[list, list]:
     """(input ids, target ids) of one training example. Long prompts lose their beginning, never the answer."""

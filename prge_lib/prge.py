@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from .lora import LoRAFALinear, perturbed
+from .models import is_quantized
 from .objective import Batch, copy_losses, row_losses
 from .rge import check_zo_dtype, mezo_step, mix_seed
 
@@ -80,7 +81,8 @@ def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> di
 
 
 class ZerothOrder:
-    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record."""
+    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record, and
+    ``trainable()`` → the tensors a checkpoint saves (the trainer copies them out and back)."""
 
     def __init__(self, model, q: int, eps: float, lr: float, seed: int):
         if q < 1:
@@ -91,14 +93,6 @@ class ZerothOrder:
 
     def trainable(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
-
-    def state(self) -> dict:
-        return {"trainable": {k: v.detach().cpu().clone() for k, v in self.trainable().items()}}
-
-    def load_state(self, state: dict) -> None:
-        with torch.no_grad():
-            for name, tensor in self.trainable().items():
-                tensor.copy_(state["trainable"][name])
 
 
 class PRGE(ZerothOrder):
@@ -127,7 +121,7 @@ class MeZOFull(ZerothOrder):
         super().__init__(model, q, eps, lr, seed)
         if params is None:
             params = dict(model.named_parameters())   # tied weights appear once
-        if any(p.dtype in (torch.int8, torch.uint8) for p in params.values()):
+        if is_quantized(params.values()):
             raise ValueError("MeZO (Full) perturbs every weight in place and cannot perturb INT8/NF4 "
                              "quantized weights; use --quant none, or an adapter method (prge, mezo-lorafa)")
         check_zo_dtype(params.values(), "MeZO")

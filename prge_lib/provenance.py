@@ -10,6 +10,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -75,13 +76,21 @@ def provenance(wall_time_s: float | None = None) -> dict:
     }
 
 
+@contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yield a temporary path beside ``path``; once the block finishes, it replaces ``path`` in one step,
+    so a crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    yield tmp
+    os.replace(tmp, path)
+
+
 def write_result(path: str | os.PathLike, result: dict) -> Path:
     """Write ``result`` as JSON atomically (a crash never leaves half a file). It must carry provenance."""
     if "provenance" not in result or "seed" not in result:
         raise ValueError("a result must carry 'provenance' and 'seed' (see prge_lib.provenance.provenance)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return Path(path)

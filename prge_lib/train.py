@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from .data import PROTOCOL, TaskData, sample_task
 from .lora import DEFAULT_TARGETS, inject_lorafa
 from .objective import collate, encode_example
+from .provenance import atomic_file
 from .rge import mix_seed
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
@@ -206,15 +207,16 @@ class Trainer:
         path = self.checkpoint_path()
         if path is None:
             return None
-        path.parent.mkdir(parents=True, exist_ok=True)
         epoch = self.epoch_position(self.step)[0]
+        method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
+        if getattr(self.method, "optimizer", None) is not None:      # first-order methods
+            method["optimizer"] = self.method.optimizer.state_dict()
         payload = {"format": 1, "config": self.config.identity(), "step": self.step,
-                   "method": self.method.state(), "history": self.history, "elapsed": self.elapsed,
+                   "method": method, "history": self.history, "elapsed": self.elapsed,
                    "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
                    "epoch": epoch, "epoch_order": self.epoch_order(epoch)}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            torch.save(payload, tmp)
         return path
 
     def load_checkpoint(self) -> None:
@@ -227,7 +229,11 @@ class Trainer:
         if differ:
             raise ValueError(f"the checkpoint in {path.parent} was made with other settings "
                              f"(saved, now): {differ}; resume with the same settings or another folder")
-        self.method.load_state(payload["method"])
+        with torch.no_grad():
+            for name, tensor in self.method.trainable().items():
+                tensor.copy_(payload["method"]["trainable"][name])
+        if "optimizer" in payload["method"]:
+            self.method.optimizer.load_state_dict(payload["method"]["optimizer"])
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
         torch.set_rng_state(payload["rng"]["torch"])
         random.setstate(payload["rng"]["python"])

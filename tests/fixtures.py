@@ -1,4 +1,5 @@
-"""Tiny synthetic data in the hub schema of all 14 tasks, written by the tests themselves.
+"""Tiny synthetic data in the hub schema of all 14 tasks, written by the tests themselves, and a helper
+that gives LoRA-FA layers non-zero B (so that perturbations change the loss).
 
 The rows are made up (numbered sentences), so tests that need no real data run anywhere; they exercise
 the loaders, the sampling and the templates, not the models' accuracy.
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import torch
 
 from prge_lib.tasks import TASKS
 
@@ -55,3 +58,11 @@ def write_fixture_data(root: Path, n_train: int = 40, n_validation: int = 24) ->
                     f.write(json.dumps(_row(task.name, i)) + "\n")
             offset += counts[split]
     return Path(root)
+
+
+def randomize_b(layers, scale: float = 0.05, seed: int = 0) -> None:
+    """Give every LoRA-FA layer a seeded random B of standard deviation ``scale`` (B starts at zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in layers:
+            layer.lora_B.copy_(scale * torch.randn(layer.lora_B.shape, generator=gen))

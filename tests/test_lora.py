@@ -1,17 +1,11 @@
 """LoRA-FA with n copies of B (chapters 4–5): shapes, copies, adapters, merging, agreement with peft."""
 import pytest
 import torch
+from fixtures import randomize_b
 
-from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, count_trainable, inject_lorafa,
+from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, inject_lorafa,
                            load_adapter, merge_lorafa, perturbed, read_adapter, save_adapter)
 from prge_lib.objective import copy_losses, row_losses, synthetic_batch
-
-
-def _randomize_b(layers, scale=0.05, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in layers:
-            layer.lora_B.copy_(scale * torch.randn(layer.lora_B.shape, generator=gen))
 
 
 def test_injection_targets_shapes_and_freezing(tiny_factory):
@@ -23,7 +17,8 @@ def test_injection_targets_shapes_and_freezing(tiny_factory):
     assert isinstance(k_proj, LoRAFALinear) and (k_proj.in_features, k_proj.out_features) == (64, 32)
     assert k_proj.lora_A.shape == (16, 64) and k_proj.lora_B.shape == (32, 16)
     assert float(k_proj.lora_A.abs().max()) <= 1 / 64 ** 0.5       # U(-1/sqrt(in), 1/sqrt(in))
-    assert count_trainable(model) == sum(layer.lora_B.numel() for layer in layers)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == sum(layer.lora_B.numel() for layer in layers)
 
     qv = inject_lorafa(tiny_factory(), targets=("q_proj", "v_proj"), r=4)
     assert [type(layer.base).__name__ for layer in qv] == ["Linear"] * 4
@@ -43,7 +38,7 @@ def test_copy_c_sees_only_its_own_perturbed_b(tiny_factory):
     """The loss of copy c in a batched forward equals a plain forward with B replaced by B + s_c z_c."""
     model = tiny_factory()
     layers = inject_lorafa(model)
-    _randomize_b(layers)
+    randomize_b(layers)
     batch = synthetic_batch(3, 9, model.config.vocab_size)
     copies = [(101, 0.01), (102, 0.01), (101, -0.01), (102, -0.01), (103, 0.5)]
     with torch.no_grad(), perturbed(layers, copies):
@@ -73,7 +68,7 @@ def test_same_output_as_peft_lora_with_the_same_a_and_b(tiny_factory):
 
     ours = tiny_factory()
     layers = inject_lorafa(ours, r=8, alpha=16)
-    _randomize_b(layers)
+    randomize_b(layers)
     theirs = add_peft_lorafa(tiny_factory(), r=8, alpha=16)
     named = {n: m for n, m in ours.named_modules() if isinstance(m, LoRAFALinear)}
     with torch.no_grad():
@@ -90,7 +85,7 @@ def test_same_output_as_peft_lora_with_the_same_a_and_b(tiny_factory):
 def test_adapter_round_trip_and_merge(tiny_factory, tmp_path):
     model = tiny_factory()
     layers = inject_lorafa(model, seed=3)
-    _randomize_b(layers)
+    randomize_b(layers)
     batch = synthetic_batch(2, 6, model.config.vocab_size)
     with torch.no_grad():
         expected = row_losses(model, batch)

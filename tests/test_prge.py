@@ -1,6 +1,7 @@
 """The P-RGE step (Gao et al. Alg. 1): outer × inner switches, MeZO special cases, agreement with autograd."""
 import pytest
 import torch
+from fixtures import randomize_b
 
 from prge_lib.lora import inject_lorafa, lorafa_layers
 from prge_lib.objective import row_losses, synthetic_batch
@@ -11,10 +12,7 @@ from prge_lib.rge import explicit_noise, mezo_step
 def _model_with_b(tiny_factory, seed=0, n_layers=2, **kw):
     model = tiny_factory(seed, n_layers)
     layers = inject_lorafa(model, **kw)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in layers:
-            layer.lora_B.copy_(0.05 * torch.randn(layer.lora_B.shape, generator=gen))
+    randomize_b(layers, seed=seed)
     return model, layers
 
 
