@@ -1,0 +1,69 @@
+"""A counter-based Gaussian generator written with integer tensor operations only (chapter 10).
+
+ExecuTorch programs cannot call ``torch.randn``: random ops are not core ATen, and a generator that is reset
+from a seed is state the exported graph cannot hold (Gao et al. §3.3 propose a custom op instead). A
+counter-based generator needs neither: the draw for element k of tensor j under seed s is a pure function
+``normal(s, j, k)``, computed from integer multiplies, shifts and xors that every backend already has.
+
+    key      = mix(mix(s) ^ (j · golden))            one 32-bit key per (seed, tensor)
+    u1, u2   = uniform(mix(mix(2k) ^ key)), uniform(mix(mix(2k + 1) ^ key))
+    normal   = sqrt(−2 ln u1) · cos(2π u2)           Box–Muller
+
+``mix`` is a 32-bit integer finaliser (xor-shift, multiply, xor-shift, multiply, xor-shift). All arithmetic
+runs in int64 and is kept below 2^53 by splitting each 32-bit multiply into 16-bit halves, so no operation
+overflows on any backend; shifts are written as floor divisions and multiplications, which are core ATen. ``uniform`` keeps the top 24 bits, which float32 represents exactly, and centres
+them in (0, 1): ``u = (h >> 8 + 0.5) / 2^24``.
+
+The same function runs eagerly (the library's reference) and inside an exported program (the on-device
+trainer), which is what makes eager-vs-runtime parity possible.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9          # 2^32 / φ: spreads consecutive tensor indices over the key space
+MULTIPLIERS = (0x7FEB352D, 0x846CA68B)   # a well-mixing 32-bit finaliser's constants (low-bias hash)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x >> bits for x ≥ 0, as a floor division: the shift operators with a Python scalar are not core ATen."""
+    return torch.div(x, 1 << bits, rounding_mode="floor")
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x · c) mod 2^32 for x in [0, 2^32), without leaving 2^53: c is split into 16-bit halves."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + ((x * hi) & 0xFFFF) * 0x10000) & MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash of int64 tensors holding values in [0, 2^32)."""
+    x = x ^ _shr(x, 16)
+    x = _mul32(x, MULTIPLIERS[0])
+    x = x ^ _shr(x, 15)
+    x = _mul32(x, MULTIPLIERS[1])
+    return x ^ _shr(x, 16)
+
+
+def tensor_key(seed: torch.Tensor | int, index: int) -> torch.Tensor:
+    """The 32-bit key of tensor ``index`` under ``seed`` (an int, or an int64 tensor inside a program)."""
+    seed = torch.as_tensor(seed, dtype=torch.int64) & MASK32
+    return mix32(mix32(seed) ^ ((index * GOLDEN) & MASK32))
+
+
+def counter_normal(seed: torch.Tensor | int, index: int, shape: tuple[int, ...] | torch.Size,
+                   dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
+    """Standard normal draws of ``shape`` for tensor ``index`` under ``seed``: element k is
+    Box–Muller of the hashes of counters 2k and 2k + 1 (see the module docstring)."""
+    numel = math.prod(shape)
+    key = tensor_key(seed, index).to(device) if device is not None else tensor_key(seed, index)
+    counters = torch.arange(2 * numel, dtype=torch.int64, device=key.device)
+    # hashing the counter before the key enters keeps two tensors' counter ranges from overlapping
+    bits = _shr(mix32(mix32(counters) ^ key), 8)                            # 24 random bits per counter
+    u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))              # in (0, 1), never 0 or 1
+    u1, u2 = u[0::2], u[1::2]
+    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
+    return z.reshape(shape).to(dtype)
