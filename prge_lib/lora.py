@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .rge import gaussian
+from .rge import NOISE_SOURCES, gaussian
 
 # Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -31,10 +31,13 @@ class LoRAFALinear(nn.Module):
     """A frozen linear layer (plain, INT8 or NF4) plus a LoRA-FA path with ``n`` noise copies of B."""
 
     def __init__(self, base: nn.Module, r: int = 16, alpha: float = 32, index: int = 0,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, noise: str = "torch"):
         super().__init__()
         if r < 1:
             raise ValueError(f"LoRA rank r must be at least 1, got {r}")
+        if noise not in NOISE_SOURCES:
+            raise ValueError(f"unknown noise source {noise!r}; choose from {NOISE_SOURCES}")
+        self.noise_source = noise       # "counter": the generator an exported program can run (chapter 10)
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.r, self.alpha, self.scaling, self.index = r, alpha, alpha / r, index
@@ -54,21 +57,22 @@ class LoRAFALinear(nn.Module):
         """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
         if self.kept is not None and seed in self.kept:
             return self.kept[seed]
-        z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
+        z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device, source=self.noise_source)
         if self.kept is not None:
             self.kept[seed] = z
         return z
 
     def copy_weights(self) -> torch.Tensor:
-        """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed)."""
+        """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed).
+
+        Seeds and scales may be tensors (inside an exported program, where ε is an input)."""
         draws: dict[int, torch.Tensor] = {}
-        out = torch.empty((len(self.copies), *self.lora_B.shape), device=self.lora_B.device,
-                          dtype=self.lora_B.dtype)
-        for c, (seed, scale) in enumerate(self.copies):
+        copies = []
+        for seed, scale in self.copies:
             if seed not in draws:
                 draws[seed] = self.noise(seed)
-            torch.add(self.lora_B, draws[seed], alpha=scale, out=out[c])
-        return out
+            copies.append(self.lora_B + scale * draws[seed])
+        return torch.stack(copies)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -92,9 +96,10 @@ class LoRAFALinear(nn.Module):
 
 
 def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16,
-                  alpha: float = 32, seed: int = 0) -> list[LoRAFALinear]:
+                  alpha: float = 32, seed: int = 0, noise: str = "torch") -> list[LoRAFALinear]:
     """Wrap every linear layer whose attribute name is in ``targets`` with :class:`LoRAFALinear` and freeze
-    everything else. Returns the new layers in model order (their ``index`` is their position)."""
+    everything else. Returns the new layers in model order (their ``index`` is their position).
+    ``noise`` picks the generator of the perturbations (``prge_lib.rge.gaussian``)."""
     found = [(name, module) for name, module in model.named_modules()
              if name.rsplit(".", 1)[-1] in targets and hasattr(module, "in_features")]
     if not found:
@@ -105,7 +110,7 @@ def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r:
     gen = torch.Generator().manual_seed(seed)
     layers = []
     for index, (name, module) in enumerate(found):
-        layer = LoRAFALinear(module, r, alpha, index, gen)
+        layer = LoRAFALinear(module, r, alpha, index, gen, noise)
         _replace_submodule(model, name, layer)
         layers.append(layer)
     return layers

@@ -5,7 +5,7 @@ from a seed is state the exported graph cannot hold (Gao et al. §3.3 propose a 
 counter-based generator needs neither: the draw for element k of tensor j under seed s is a pure function
 ``normal(s, j, k)``, computed from integer multiplies, shifts and xors that every backend already has.
 
-    key      = mix(mix(s) ^ (j · golden))            one 32-bit key per (seed, tensor)
+    key      = mix(mix(mix(s mod 2^32) ^ s div 2^32) ^ (j · golden))     one 32-bit key per (seed, tensor)
     u1, u2   = uniform(mix(mix(2k) ^ key)), uniform(mix(mix(2k + 1) ^ key))
     normal   = sqrt(−2 ln u1) · cos(2π u2)           Box–Muller
 
@@ -49,21 +49,26 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_key(seed: torch.Tensor | int, index: int) -> torch.Tensor:
-    """The 32-bit key of tensor ``index`` under ``seed`` (an int, or an int64 tensor inside a program)."""
-    seed = torch.as_tensor(seed, dtype=torch.int64) & MASK32
-    return mix32(mix32(seed) ^ ((index * GOLDEN) & MASK32))
+    """The 32-bit key of tensor ``index`` under ``seed``, a non-negative int below 2^63 (or an int64 tensor
+    inside a program); both 32-bit halves of the seed enter the key."""
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    low, high = seed & MASK32, _shr(seed, 32)
+    return mix32(mix32(mix32(low) ^ high) ^ ((index * GOLDEN) & MASK32))
 
 
 def counter_normal(seed: torch.Tensor | int, index: int, shape: tuple[int, ...] | torch.Size,
-                   dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
-    """Standard normal draws of ``shape`` for tensor ``index`` under ``seed``: element k is
-    Box–Muller of the hashes of counters 2k and 2k + 1 (see the module docstring)."""
+                   dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                   offset: int = 0) -> torch.Tensor:
+    """Standard normal draws of ``shape`` for tensor ``index`` under ``seed``: element k is Box–Muller of the
+    hashes of counters 2(offset + k) and 2(offset + k) + 1 (see the module docstring)."""
     numel = math.prod(shape)
-    key = tensor_key(seed, index).to(device) if device is not None else tensor_key(seed, index)
-    counters = torch.arange(2 * numel, dtype=torch.int64, device=key.device)
+    key = tensor_key(seed, index)
+    if device is not None:
+        key = key.to(device)
+    counters = torch.arange(2 * offset, 2 * (offset + numel), dtype=torch.int64, device=key.device)
     # hashing the counter before the key enters keeps two tensors' counter ranges from overlapping
-    bits = _shr(mix32(mix32(counters) ^ key), 8)                            # 24 random bits per counter
+    bits = _shr(mix32(mix32(counters) ^ key), 8)                         # 24 random bits per counter
     u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))              # in (0, 1), never 0 or 1
     u1, u2 = u[0::2], u[1::2]
     z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
-    return z.reshape(shape).to(dtype)
+    return z.reshape(tuple(shape)).to(dtype)

@@ -43,9 +43,21 @@ def _generator(device: torch.device) -> torch.Generator:
     return _GENERATORS[key]
 
 
+NOISE_SOURCES = ("torch", "counter")
+
+
 def gaussian(seed: int, index: int, shape: Sequence[int], device="cpu",
-             dtype: torch.dtype = torch.float32, chunk: int = 0) -> torch.Tensor:
-    """The standard normal tensor number ``index`` of noise seed ``seed`` (chunk ``chunk`` of it)."""
+             dtype: torch.dtype = torch.float32, chunk: int = 0, source: str = "torch") -> torch.Tensor:
+    """The standard normal tensor number ``index`` of noise seed ``seed`` (chunk ``chunk`` of it).
+
+    ``source="torch"`` draws with torch's generator reset from (seed, index, chunk); ``"counter"`` with the
+    integer-op generator of :mod:`prge_lib.prng`, which also runs inside an exported program (chapter 10).
+    """
+    if source == "counter":
+        from .prng import counter_normal
+        return counter_normal(seed, index, tuple(shape), dtype, device, offset=chunk * _CHUNK)
+    if source != "torch":
+        raise ValueError(f"unknown noise source {source!r}; choose from {NOISE_SOURCES}")
     device = torch.device(device)
     gen = _generator(device)
     gen.manual_seed(mix_seed(seed, index, chunk))
