@@ -19,10 +19,13 @@ program's trajectory can be compared with the eager trainer step by step.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from .lora import LoRAFALinear, perturbed
+from .prng import counter_normal
 from .objective import Batch, copy_losses
 
 
@@ -46,6 +49,10 @@ class TrainStep(nn.Module):
         self.names = [f"{names[layer]}.lora_B" for layer in self.layers]
         self.shapes = [tuple(layer.lora_B.shape) for layer in self.layers]
         self.sizes = [layer.lora_B.numel() for layer in self.layers]
+        offsets = [layer.offset for layer in self.layers]
+        if offsets != [sum(self.sizes[:j]) for j in range(len(self.sizes))]:
+            raise ValueError("the LoRA-FA layers' noise offsets do not tile the adapter in layer order; "
+                             "inject the layers with one inject_lorafa call")
 
     def adapter(self) -> torch.Tensor:
         """The model's current LoRA-B matrices, flattened in layer order: the program's state vector."""
@@ -64,18 +71,24 @@ class TrainStep(nn.Module):
 
     def forward(self, input_ids, attention_mask, targets, adapter, seeds, lr, eps):
         matrices = self.split(adapter)
-        seed_list = [seeds[i] for i in range(self.q)]      # one tensor per seed: z is drawn once per ± pair
-        copies = [(s, eps) for s in seed_list] + [(s, -eps) for s in seed_list]
-        with perturbed(self.layers, copies):
-            losses = torch.func.functional_call(self.loss, dict(zip(self.names, matrices)),
-                                                (input_ids, attention_mask, targets), strict=False)
+        seed_list = [seeds[i] for i in range(self.q)]
+        # z_i for every layer in one draw per seed (the layers' counter ranges tile the adapter), kept for
+        # the forward and the update: a small graph instead of one generator per layer, seed and use
+        noise = [torch.split(counter_normal(s, 0, (sum(self.sizes),)), self.sizes) for s in seed_list]
+        for j, layer in enumerate(self.layers):
+            layer.kept = {s: z[j].reshape(self.shapes[j]) for s, z in zip(seed_list, noise)}
+        try:
+            copies = [(s, eps) for s in seed_list] + [(s, -eps) for s in seed_list]
+            with perturbed(self.layers, copies):
+                losses = torch.func.functional_call(self.loss, dict(zip(self.names, matrices)),
+                                                    (input_ids, attention_mask, targets), strict=False)
+        finally:
+            for layer in self.layers:
+                layer.kept = None
         losses = losses.reshape(2, self.q)
         g = (losses[0] - losses[1]) / (2 * eps)                                  # Alg. 1 line 11
-        updated = []
-        for layer, b in zip(self.layers, matrices):                               # line 14, z redrawn
-            step = sum(gi * layer.noise(s) for gi, s in zip(g.unbind(), seed_list))
-            updated.append((b - (lr / self.q) * step).reshape(-1))
-        return losses, torch.cat(updated)
+        step = sum(gi * z for gi, z in zip(g.unbind(), (torch.cat(parts) for parts in noise)))
+        return losses, adapter - (lr / self.q) * step                            # line 14
 
 
 class CopyLosses(nn.Module):
@@ -87,3 +100,87 @@ class CopyLosses(nn.Module):
 
     def forward(self, input_ids, attention_mask, targets):
         return copy_losses(self.model, Batch(input_ids, attention_mask, targets).repeat(self.n), self.n)
+
+
+# ----------------------------------------------------------------- building and exporting the program
+
+BACKENDS = ("xnnpack", "portable")
+
+
+def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
+    """Keep the first ``layers`` decoder layers (a smaller program for tests and fast mode)."""
+    total = len(model.model.layers)
+    if not 1 <= layers <= total:
+        raise ValueError(f"layers must be between 1 and {total} for this model, got {layers}")
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    return model
+
+
+def fit_width(batch: Batch, width: int, pad_id: int) -> Batch:
+    """Left-pad (or cut from the left) every row to exactly ``width`` tokens: a program has fixed shapes.
+    The answer sits at the right end, so cutting from the left never loses it."""
+    length = batch.input_ids.shape[1]
+    if length >= width:
+        return Batch(batch.input_ids[:, -width:], batch.attention_mask[:, -width:], batch.targets)
+    pad = width - length
+    ids = torch.nn.functional.pad(batch.input_ids, (pad, 0), value=pad_id)
+    mask = torch.nn.functional.pad(batch.attention_mask, (pad, 0), value=0)
+    return Batch(ids, mask, batch.targets)
+
+
+def example_inputs(step: TrainStep, rows: int, seq_len: int, target_len: int, vocab: int,
+                   pad_id: int = 0) -> tuple:
+    """Inputs of the shapes the program is exported for (their values only guide tracing)."""
+    ids = torch.randint(1, vocab, (rows, seq_len))
+    mask = torch.ones(rows, seq_len, dtype=torch.long)
+    ids[0, 0], mask[0, 0] = pad_id, 0            # a padded position, so masking is traced as data
+    targets = torch.randint(1, vocab, (rows, target_len))
+    return (ids, mask, targets, step.adapter(), torch.arange(step.q, dtype=torch.int64),
+            torch.tensor(1e-3), torch.tensor(1e-2))
+
+
+def export_program(step: TrainStep, inputs: tuple, path, backend: str = "xnnpack") -> dict:
+    """torch.export → ExecuTorch (XNNPACK-delegated or portable kernels) → ``path`` (.pte).
+    Returns the timings, the file size and the operators of the exported graph."""
+    import time
+
+    from executorch.exir import to_edge_transform_and_lower
+
+    from .provenance import atomic_file
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+    start = time.perf_counter()
+    with torch.no_grad():
+        exported = torch.export.export(step, inputs)
+    export_s = time.perf_counter() - start
+    ops = sorted({str(node.target) for node in exported.run_decompositions().graph.nodes
+                  if node.op == "call_function"})
+    partitioner = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        partitioner = [XnnpackPartitioner()]
+    start = time.perf_counter()
+    program = to_edge_transform_and_lower(exported, partitioner=partitioner).to_executorch()
+    lower_s = time.perf_counter() - start
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(program.buffer)
+    size = Path(path).stat().st_size
+    return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "ops": ops}
+
+
+class RuntimeStep:
+    """A .pte training step loaded in the ExecuTorch runtime, called like :class:`TrainStep`."""
+
+    def __init__(self, path):
+        from executorch.runtime import Runtime
+
+        self.method = Runtime.get().load_program(str(path)).load_method("forward")
+
+    def __call__(self, *inputs):
+        losses, adapter = self.method.execute(list(inputs))
+        return losses, adapter

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .prng import counter_normal
 from .rge import NOISE_SOURCES, gaussian
 
 # Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
@@ -38,6 +39,7 @@ class LoRAFALinear(nn.Module):
         if noise not in NOISE_SOURCES:
             raise ValueError(f"unknown noise source {noise!r}; choose from {NOISE_SOURCES}")
         self.noise_source = noise       # "counter": the generator an exported program can run (chapter 10)
+        self.offset = 0                 # counter source: where this B starts in the model's flattened adapter
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.r, self.alpha, self.scaling, self.index = r, alpha, alpha / r, index
@@ -57,7 +59,11 @@ class LoRAFALinear(nn.Module):
         """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
         if self.kept is not None and seed in self.kept:
             return self.kept[seed]
-        z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device, source=self.noise_source)
+        if self.noise_source == "counter":
+            # one counter space over the whole adapter: a program draws every layer's z in one call
+            z = counter_normal(seed, 0, self.lora_B.shape, device=self.lora_B.device, offset=self.offset)
+        else:
+            z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
         if self.kept is not None:
             self.kept[seed] = z
         return z
@@ -108,9 +114,10 @@ def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r:
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
-    layers = []
+    layers, offset = [], 0
     for index, (name, module) in enumerate(found):
         layer = LoRAFALinear(module, r, alpha, index, gen, noise)
+        layer.offset, offset = offset, offset + layer.lora_B.numel()
         _replace_submodule(model, name, layer)
         layers.append(layer)
     return layers

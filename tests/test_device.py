@@ -47,10 +47,11 @@ def test_step_equals_the_eager_engine(tiny_factory):
         with torch.no_grad():
             losses, adapter = step(*_inputs(step, batch, adapter, seeds))
         out = prge_step(twin, layers, batch, seeds, 1e-2, 1e-2)
-        assert torch.allclose(losses[0], out["loss_plus"], atol=1e-6)
-        assert torch.allclose(losses[1], out["loss_minus"], atol=1e-6)
+        assert torch.allclose(losses[0], out["loss_plus"], rtol=1e-6)
+        assert torch.allclose(losses[1], out["loss_minus"], rtol=1e-6)
         eager = torch.cat([layer.lora_B.detach().reshape(-1) for layer in layers])
-        assert torch.allclose(adapter, eager, atol=1e-7, rtol=1e-5)
+        # one rounding unit in a loss is 1/2ε = 50 of them in g: compare the update to that scale
+        assert float((adapter - eager).norm() / eager.norm()) < 1e-4
     assert adapter.abs().max() > 1e-4                                  # it did train
 
 
