@@ -2,8 +2,9 @@
 (Gao et al. Tables 1–2, "FO-Adam"; chapters 1 and 7).
 
 LoRA-FA here is peft's LoRA with every A frozen after its default init (the same U(−1/√in, 1/√in) law as
-``prge_lib.lora``), so FO and ZO train the same parameter space. On a GPU that supports bf16 the forward and
-backward run under bf16 autocast (mixed precision) with fp32 weights and optimizer states; elsewhere in fp32.
+``prge_lib.lora``), so FO and ZO train the same parameter space (``prge_lib.adapters.add_peft_lorafa``). On a
+GPU that supports bf16 the forward and backward run under bf16 autocast (mixed precision) with fp32 weights
+and optimizer states; elsewhere in fp32.
 """
 from __future__ import annotations
 
@@ -13,23 +14,12 @@ from typing import Sequence
 
 import torch
 
+from .adapters import add_peft_lorafa  # noqa: F401  (re-exported: LoRA-FA lives in adapters)
 from .lora import DEFAULT_TARGETS
 from .models import is_quantized
 from .objective import Batch, row_losses
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-
-
-def add_peft_lorafa(model, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32):
-    """Wrap ``model`` with peft LoRA on ``targets`` and freeze every LoRA-A: LoRA-FA. Returns the peft model."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
-    model = get_peft_model(model, config)
-    for name, param in model.named_parameters():
-        if "lora_A" in name:
-            param.requires_grad_(False)
-    return model
 
 
 class FirstOrder:
