@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
 from .config import fast_mode, seed_everything
 from .lora import DEFAULT_TARGETS
@@ -51,7 +52,8 @@ def _train(args) -> int:
 
     sizes = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}
     sizes = {k: v for k, v in sizes.items() if v is not None}
-    config = TrainConfig(task=args.task, method=args.method, steps=args.steps, lr=args.lr, eps=args.eps, q=args.q,
+    config = TrainConfig(task=args.task, method=args.method, adapter=args.adapter, steps=args.steps, lr=args.lr,
+                         eps=args.eps, q=args.q,
                          E=args.E, batch_size=args.batch_size, outer=args.outer, inner=args.inner,
                          keep_noise=args.keep_noise,
                          optimizer=args.optimizer, r=args.r, alpha=args.alpha, targets=tuple(args.targets.split(",")),
@@ -87,7 +89,8 @@ def _train(args) -> int:
         return 3
     if args.save_adapter:
         if config.method not in ("prge", "mezo-lorafa"):
-            print(f"prge: --save-adapter applies to prge and mezo-lorafa only; not saved for {config.method}",
+            label = config.method if config.adapter == "none" else f"{config.method} --adapter {config.adapter}"
+            print(f"prge: --save-adapter applies to prge and mezo-lorafa only; not saved for {label}",
                   file=sys.stderr)
         else:
             save_adapter(trainer.model, args.save_adapter, {"task": config.task, "method": config.method})
@@ -122,6 +125,63 @@ def _bench(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from .device import export_training_program
+
+    record = export_training_program(args.task, args.out, model=args.model, layers=args.layers, q=args.q,
+                                     E=args.E, seq_len=args.seq_len, r=args.r, alpha=args.alpha,
+                                     targets=tuple(args.targets.split(",")), seed=args.seed,
+                                     backend=args.backend)
+    s = record["settings"]
+    print(f"exported the P-RGE step ({s['layers']} layers, q = {s['q']}, {s['rows']} rows of {s['seq_len']} "
+          f"tokens, {s['backend']}): export {record['export_s']:.0f} s, lowering {record['lower_s']:.0f} s, "
+          f"{record['pte_bytes'] / 2**20:.0f} MiB -> {args.out} (settings in {Path(args.out).with_suffix('.json')})")
+    return 0
+
+
+def _device_train(args) -> int:
+    from .device import read_program_meta
+    from .train import TrainConfig, Trainer
+
+    s = read_program_meta(args.pte)["settings"]
+    if s["task"] != args.task:
+        print(f"prge: note: the program was exported for {s['task']}; training it on {args.task}",
+              file=sys.stderr)
+    sizes = {k: v for k, v in {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}.items()
+             if v is not None}
+    common = dict(task=args.task, method="prge", steps=args.steps, lr=args.lr, eps=args.eps, q=s["q"], E=s["E"],
+                  outer=True, inner=True, noise="counter", r=s["r"], alpha=s["alpha"], targets=tuple(s["targets"]),
+                  seed=s["seed"], layers=s["layers"] if s["truncated"] else None, max_length=s["seq_len"],
+                  model=s["model"], eval_every=args.eval_every, checkpoint_every=0, **sizes)
+    start = time.perf_counter()
+    runs = {"runtime": TrainConfig(program=str(args.pte), **common)}
+    if args.check_eager:
+        runs["eager"] = TrainConfig(**common)
+    results = {}
+    for label, config in runs.items():
+        config.resolved()
+        results[label] = Trainer(config).run()
+        print(f"{label}: {len(results[label]['losses'])} steps, median "
+              f"{results[label]['step_time_s']['median']:.3f} s/step", file=sys.stderr)
+    result = {"kind": "device-train", "task": args.task, "seed": s["seed"], "program": str(args.pte),
+              "program_settings": s, **results["runtime"], "status": "finished"}
+    if args.check_eager:
+        ours, eager = result["losses"], results["eager"]["losses"]
+        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, eager)]
+        result["eager"] = results["eager"]
+        result["parity"] = {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel,
+                            "steps": len(rel), "within_1e-4": max(rel) <= 1e-4}
+        print(f"parity with eager P-RGE over {len(rel)} steps: largest relative loss difference "
+              f"{max(rel):.1e}", file=sys.stderr)
+    result["provenance"] = provenance(time.perf_counter() - start)
+    write_result(args.out, result)
+    best = result["best_val"]
+    print(f"{result['title']} in the runtime: {len(result['losses'])} steps; validation "
+          f"{100 * result['evals'][0]['val']:.1f} at step 0 -> {100 * best['val']:.1f} at step {best['step']}; "
+          f"test {100 * best['test']:.1f} -> {args.out}")
+    return 0 if not args.check_eager or result["parity"]["within_1e-4"] else 4
+
+
 def _add_model_options(p) -> None:
     p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
@@ -141,12 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     zs.add_argument("--out", required=True, help="where to write the JSON result")
     zs.set_defaults(run=_zeroshot)
 
-    from .train import DEFAULTS, METHODS
+    from .adapters import ADAPTERS
+    from .train import ADAPTER_DEFAULTS, DEFAULTS, METHODS
     tr = sub.add_parser("train", help="fine-tune a task with one method and write a JSON result",
                         description="Defaults per method (Gao et al. App. C): " + "; ".join(
-                            f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items()) for m, d in DEFAULTS.items()))
+                            f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items()) for m, d in DEFAULTS.items())
+                        + "; mezo with an adapter: " + ", ".join(f"{k}={v}" for k, v in ADAPTER_DEFAULTS.items()))
     tr.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
     tr.add_argument("--method", required=True, choices=METHODS)
+    tr.add_argument("--adapter", default="none", choices=ADAPTERS,
+                    help="mezo only: the parameter space, built with peft (default none: every weight; "
+                         "lora-fa freezes LoRA's A; chapter 4)")
     tr.add_argument("--steps", type=int, default=1000)
     tr.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
     tr.add_argument("--eps", type=float, default=None, help="ZO perturbation scale ε")
@@ -160,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep-noise", action="store_true",
                     help="P-RGE: keep each z from the forward for the update (faster, q·d floats of memory)")
     tr.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="FO optimizer")
-    tr.add_argument("--r", type=int, default=16, help="LoRA rank")
+    tr.add_argument("--r", type=int, default=None, help="adapter rank (default 16; VeRA 1024)")
     tr.add_argument("--alpha", type=float, default=32, help="LoRA alpha")
     tr.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
     tr.add_argument("--seed", type=int, default=0)
@@ -176,6 +241,36 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
     tr.add_argument("--out", required=True, help="where to write the JSON result")
     tr.set_defaults(run=_train)
+
+    ex = sub.add_parser("export", help="export the P-RGE training step as an ExecuTorch program (chapter 10)")
+    ex.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)} (sets the answer width)")
+    ex.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    ex.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    ex.add_argument("--q", type=int, default=4, help="queries per step")
+    ex.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
+    ex.add_argument("--seq-len", type=int, default=64, help="the program's fixed prompt length")
+    ex.add_argument("--r", type=int, default=16)
+    ex.add_argument("--alpha", type=float, default=32)
+    ex.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
+    ex.add_argument("--seed", type=int, default=0, help="LoRA-A initialisation and the run's noise seeds")
+    ex.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
+    ex.add_argument("--out", required=True, help="the .pte to write (its settings go to the .json beside it)")
+    ex.set_defaults(run=_export)
+
+    dt = sub.add_parser("device-train", help="train with an exported program in the ExecuTorch runtime")
+    dt.add_argument("--pte", required=True, help="a program written by `prge export`")
+    dt.add_argument("--task", required=True)
+    dt.add_argument("--steps", type=int, default=100)
+    dt.add_argument("--lr", type=float, default=None)
+    dt.add_argument("--eps", type=float, default=None)
+    dt.add_argument("--eval-every", type=int, default=0)
+    dt.add_argument("--n-train", type=int, default=None)
+    dt.add_argument("--n-val", type=int, default=None)
+    dt.add_argument("--n-test", type=int, default=None)
+    dt.add_argument("--check-eager", action="store_true",
+                    help="also run eager P-RGE with the same seeds and compare the per-step losses")
+    dt.add_argument("--out", required=True, help="where to write the JSON result")
+    dt.set_defaults(run=_device_train)
 
     from .bench import CONFIGS
     be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")

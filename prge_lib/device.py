@@ -119,16 +119,25 @@ def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
     return model
 
 
-def fit_width(batch: Batch, width: int, pad_id: int) -> Batch:
-    """Left-pad (or cut from the left) every row to exactly ``width`` tokens: a program has fixed shapes.
-    The answer sits at the right end, so cutting from the left never loses it."""
+def fit_width(batch: Batch, width: int, pad_id: int, target_width: int | None = None) -> Batch:
+    """Left-pad (or cut from the left) every row to exactly ``width`` tokens, and the targets to
+    ``target_width`` columns: a program has fixed shapes. The answer sits at the right end, so cutting from
+    the left never loses it."""
+    from .objective import IGNORE
+
     length = batch.input_ids.shape[1]
     if length >= width:
-        return Batch(batch.input_ids[:, -width:], batch.attention_mask[:, -width:], batch.targets)
-    pad = width - length
-    ids = torch.nn.functional.pad(batch.input_ids, (pad, 0), value=pad_id)
-    mask = torch.nn.functional.pad(batch.attention_mask, (pad, 0), value=0)
-    return Batch(ids, mask, batch.targets)
+        ids, mask = batch.input_ids[:, -width:], batch.attention_mask[:, -width:]
+    else:
+        ids = torch.nn.functional.pad(batch.input_ids, (width - length, 0), value=pad_id)
+        mask = torch.nn.functional.pad(batch.attention_mask, (width - length, 0), value=0)
+    targets = batch.targets
+    if target_width is not None:
+        if targets.shape[1] > target_width:
+            raise ValueError(f"a target of {targets.shape[1]} tokens does not fit the program's "
+                             f"{target_width}; export with a larger target width")
+        targets = torch.nn.functional.pad(targets, (target_width - targets.shape[1], 0), value=IGNORE)
+    return Batch(ids, mask, targets)
 
 
 def example_inputs(step: TrainStep, rows: int, seq_len: int, target_len: int, vocab: int,
@@ -184,3 +193,97 @@ class RuntimeStep:
     def __call__(self, *inputs):
         losses, adapter = self.method.execute(list(inputs))
         return losses, adapter
+
+
+class ProgramPRGE:
+    """P-RGE whose every step runs in an exported program (chapter 10): the trainer's method object.
+
+    The adapter lives on the host: it is fed to the program each step and the returned one is kept when the
+    losses are finite. It is also written back into ``model``'s LoRA-B after each step, so evaluation and
+    checkpoints work on the eager model exactly as for :class:`prge_lib.prge.PRGE`."""
+
+    def __init__(self, model, layers, path, q: int, eps: float, lr: float, seed: int, width: int,
+                 pad_id: int = 0):
+        self.model, self.layers, self.q, self.eps, self.lr, self.seed = model, list(layers), q, eps, lr, seed
+        self.state = TrainStep(model, q)
+        self.program = RuntimeStep(path)
+        self.meta = read_program_meta(path)
+        settings = self.meta["settings"]
+        expected = {"q": q, "seq_len": width, "adapter_size": sum(self.state.sizes)}
+        differ = {k: (settings[k], v) for k, v in expected.items() if settings[k] != v}
+        if differ:
+            raise ValueError(f"the program {path} was exported for other settings (program, run): {differ}")
+        self.width, self.target_width, self.pad_id = width, settings["target_width"], pad_id
+
+    def trainable(self):
+        return {f"{layer.index}.lora_B": layer.lora_B for layer in self.layers}
+
+    def step(self, batch: Batch, t: int) -> dict:
+        from .prge import step_seeds
+
+        b = fit_width(batch.to("cpu"), self.width, self.pad_id, self.target_width)
+        seeds = torch.tensor(step_seeds(self.seed, t, self.q), dtype=torch.int64)
+        losses, adapter = self.program(b.input_ids, b.attention_mask, b.targets, self.state.adapter(), seeds,
+                                       torch.tensor(float(self.lr)), torch.tensor(float(self.eps)))
+        finite = bool(torch.isfinite(losses).all())
+        if finite:
+            self.state.load(adapter)
+        g = (losses[0] - losses[1]) / (2 * self.eps)
+        return {"loss": float(losses.mean()), "finite": finite, "projected_grad": g.tolist()}
+
+
+def meta_path(pte) -> Path:
+    """The JSON beside a program that records how it was built (``model.pte`` → ``model.json``)."""
+    return Path(pte).with_suffix(".json")
+
+
+def read_program_meta(pte) -> dict:
+    path = meta_path(pte)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: it records the settings {pte} was exported with "
+                                "(write both with `prge export`)")
+    import json
+    return json.loads(path.read_text())
+
+
+def export_training_program(task: str, out, model: str | None = None, layers: int | None = None, q: int = 4,
+                            E: int = 16, seq_len: int = 64, r: int = 16, alpha: float = 32,
+                            targets=None, seed: int = 0, backend: str = "xnnpack") -> dict:
+    """Build the P-RGE step for ``task`` on the model, export it to ``out`` (.pte) and write its settings,
+    the export statistics and provenance beside it (:func:`meta_path`). Returns that record."""
+    import time
+
+    from .data import sample_task
+    from .lora import DEFAULT_TARGETS, inject_lorafa
+    from .models import load_model
+    from .objective import encode_example
+    from .provenance import provenance, write_result
+    from .tasks import get_task
+
+    if E % q:
+        raise ValueError(f"the effective batch E = {E} must be a multiple of q = {q}")
+    start = time.perf_counter()
+    spec = get_task(task)
+    net, tokenizer = load_model(model)
+    if layers is not None:
+        truncate_layers(net, layers)
+    targets = tuple(targets or DEFAULT_TARGETS)
+    inject_lorafa(net, targets, r, alpha, seed=seed, noise="counter")
+    step = TrainStep(net, q)
+    data = sample_task(spec, seed)
+    target_width = max(len(encode_example(spec, tokenizer, ex)[1]) for ex in data.train)
+    inputs = example_inputs(step, E // q, seq_len, target_width, net.config.vocab_size, tokenizer.pad_token_id)
+    stats = export_program(step, inputs, out, backend)
+    settings = {"task": task, "model": model, "layers": layers if layers is not None else len(net.model.layers),
+                "truncated": layers is not None, "q": q, "E": E, "rows": E // q, "seq_len": seq_len,
+                "target_width": target_width, "r": r, "alpha": alpha, "targets": list(targets), "seed": seed,
+                "backend": backend, "adapter_size": sum(step.sizes), "adapter_layers": len(step.sizes),
+                "inputs": ["input_ids (rows, seq_len) int64", "attention_mask (rows, seq_len) int64",
+                           f"targets (rows, {target_width}) int64", f"adapter ({sum(step.sizes)},) float32",
+                           f"seeds ({q},) int64", "lr () float32", "eps () float32"],
+                "outputs": [f"losses (2, {q}) float32: row 0 +eps, row 1 -eps",
+                            f"adapter ({sum(step.sizes)},) float32 after the step"]}
+    record = {"kind": "program", "seed": seed, "settings": settings, **stats,
+              "provenance": provenance(time.perf_counter() - start)}
+    write_result(meta_path(out), record)
+    return record

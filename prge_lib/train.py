@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .adapters import DEFAULT_R, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
 from .lora import DEFAULT_TARGETS, inject_lorafa
 from .objective import collate, encode_example
 from .provenance import atomic_file
-from .rge import mix_seed
+from .rge import NOISE_SOURCES, mix_seed
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
 ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
@@ -36,9 +37,15 @@ DEFAULTS = {
     "mezo-lorafa": {"lr": 1e-3, "eps": 1e-2, "q": 1, "E": 16, "inner": False},
     "prge": {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
 }
+# MeZO over a peft adapter (--adapter, chapter 4): the LoRA-FA step size and ε of mezo-lorafa, not the
+# full-weight ones (Gao et al. App. B searched lr in {5e-6, 5e-5, 5e-4, 5e-3} and ε in {1e-3, 1e-2})
+ADAPTER_DEFAULTS = {"lr": 1e-3, "eps": 1e-2}
 # settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
-_IDENTITY = ("task", "method", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer", "r",
-             "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant")
+_IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
+             "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
+             "layers")
+# identity keys added later, with the value that checkpoints written before them implied
+_IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None}
 
 
 class TrainingDiverged(RuntimeError):
@@ -49,6 +56,7 @@ class TrainingDiverged(RuntimeError):
 class TrainConfig:
     task: str
     method: str = "prge"
+    adapter: str = "none"            # mezo only: the parameter space (prge_lib.adapters.ADAPTERS)
     steps: int = 1000
     lr: float | None = None          # None: the method's default (DEFAULTS)
     eps: float | None = None         # ZO perturbation scale ε
@@ -58,8 +66,11 @@ class TrainConfig:
     outer: bool = True               # P-RGE: the q queries in one forward
     inner: bool | None = None        # P-RGE: +ε and −ε in one forward
     keep_noise: bool = False         # P-RGE: keep z from the forward for the update (q·d floats)
+    noise: str = "torch"             # P-RGE: "counter" draws z with the generator a program can run
+    layers: int | None = None        # keep only the first N decoder layers (small exported programs)
+    program: str | None = None       # P-RGE: run each step in this ExecuTorch program (prge export)
     optimizer: str = "adam"          # FO only; ZO methods are ZO-SGD
-    r: int = 16
+    r: int | None = None             # adapter rank; None: 16 (VeRA: 1024, Gao et al. App. B)
     alpha: float = 32
     targets: tuple[str, ...] = DEFAULT_TARGETS
     seed: int = 0
@@ -80,8 +91,17 @@ class TrainConfig:
         """Fill the method's defaults and check every setting, naming the bad value and what is allowed."""
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {list(METHODS)}")
+        check_adapter(self.adapter)
+        if self.adapter != "none" and self.method != "mezo":
+            raise ValueError(f"--adapter {self.adapter} applies to --method mezo only; {self.method} trains "
+                             f"{'LoRA-FA layers of its own' if self.method in ZO_METHODS else 'its own space'} "
+                             f"(use --adapter none)")
         values = dataclasses.asdict(self)
-        for key, default in DEFAULTS[self.method].items():
+        defaults = dict(DEFAULTS[self.method])
+        if self.adapter != "none":
+            defaults.update(ADAPTER_DEFAULTS)
+        defaults["r"] = DEFAULT_R[self.adapter]
+        for key, default in defaults.items():
             if values[key] is None:
                 values[key] = default
         c = TrainConfig(**values)
@@ -113,6 +133,16 @@ class TrainConfig:
             c.inner = None
         if c.eval_every < 0 or c.checkpoint_every < 0:
             raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
+        if c.noise not in NOISE_SOURCES:
+            raise ValueError(f"unknown noise source {c.noise!r}; choose from {NOISE_SOURCES}")
+        if c.noise != "torch" and c.method not in ("prge", "mezo-lorafa"):
+            raise ValueError(f"noise {c.noise!r} applies to prge and mezo-lorafa only, not {c.method}")
+        if c.program is not None:
+            if c.method != "prge" or not (c.outer and c.inner) or c.noise != "counter":
+                raise ValueError("a program runs P-RGE with the outer and inner loops and counter noise: "
+                                 "use method prge, outer and inner on, noise 'counter'")
+            if c.max_length is None:
+                raise ValueError("a program has a fixed sequence length: set max_length to it")
         return c
 
     def identity(self) -> dict:
@@ -121,7 +151,8 @@ class TrainConfig:
 
 
 def build_method(config: TrainConfig, model):
-    """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed)."""
+    """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed; MeZO with an
+    ``adapter`` runs over that peft space's trainable parameters, prge_lib.adapters)."""
     from .fo import FirstOrder
     from .prge import PRGE, MeZOFull
 
@@ -131,8 +162,18 @@ def build_method(config: TrainConfig, model):
             torch.manual_seed(c.seed)     # peft draws A from torch's global generator
         return FirstOrder(model, c.lr, c.optimizer, c.method == "fo-lorafa", c.targets, c.r, c.alpha)
     if c.method == "mezo":
-        return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
-    layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed)
+        if c.adapter == "none":
+            return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
+        from .adapters import add_adapter
+        model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
+        return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
+    if c.layers is not None:
+        from .device import truncate_layers
+        truncate_layers(model, c.layers)
+    layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed, noise=c.noise)
+    if c.program is not None:
+        from .device import ProgramPRGE
+        return ProgramPRGE(model, layers, c.program, c.q, c.eps, c.lr, c.seed, c.max_length)
     return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
 
 
@@ -224,7 +265,7 @@ class Trainer:
         if path is None or not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {path}")
         payload = torch.load(path, weights_only=False)
-        saved, current = payload["config"], self.config.identity()
+        saved, current = {**_IDENTITY_LEGACY, **payload["config"]}, self.config.identity()
         differ = {k: (saved.get(k), current[k]) for k in current if saved.get(k) != current[k]}
         if differ:
             raise ValueError(f"the checkpoint in {path.parent} was made with other settings "
@@ -290,6 +331,7 @@ class Trainer:
         times = sorted(self.history["step_time_s"])
         return {
             "kind": "train", "task": self.task.name, "title": self.task.title, "method": c.method,
+            "adapter": c.adapter,
             "metric": self.task.metric, "seed": c.seed, "config": dataclasses.asdict(c),
             "trainable_parameters": sum(p.numel() for p in self.method.trainable().values()),
             "data_sizes": self.data.sizes(), "data_notes": self.data.notes,
