@@ -2,17 +2,18 @@
 
 ExecuTorch programs cannot call ``torch.randn``: random ops are not core ATen, and a generator that is reset
 from a seed is state the exported graph cannot hold (Gao et al. §3.3 propose a custom op instead). A
-counter-based generator needs neither: the draw for element k of tensor j under seed s is a pure function
-``normal(s, j, k)``, computed from integer multiplies, shifts and xors that every backend already has.
+counter-based generator needs neither: the draw for element k of tensor t under seed s is a pure function
+``normal(s, t, k)``, computed from integer multiplies, shifts and xors that every backend already has.
 
-    key      = mix(mix(mix(s mod 2^32) ^ s div 2^32) ^ (j · golden))     one 32-bit key per (seed, tensor)
-    u1, u2   = uniform(mix(mix(2k) ^ key)), uniform(mix(mix(2k + 1) ^ key))
-    normal   = sqrt(−2 ln u1) · cos(2π u2)           Box–Muller
+    key      = mix(mix(mix(s mod 2^32) ^ s div 2^32) ^ (t · golden))     one 32-bit key per (seed, tensor t)
+    u1, u2   = uniform(mix(mix(2j) ^ key)), uniform(mix(mix(2j + 1) ^ key))    pair j
+    z[2j], z[2j + 1] = sqrt(−2 ln u1) · (cos, sin)(2π u2)                       Box–Muller, both halves
 
 ``mix`` is a 32-bit integer finaliser (xor-shift, multiply, xor-shift, multiply, xor-shift). All arithmetic
 runs in int64 and is kept below 2^53 by splitting each 32-bit multiply into 16-bit halves, so no operation
-overflows on any backend; shifts are written as floor divisions and multiplications, which are core ATen. ``uniform`` keeps the top 24 bits, which float32 represents exactly, and centres
-them in (0, 1): ``u = (h >> 8 + 0.5) / 2^24``.
+overflows on any backend; shifts are written as floor divisions and multiplications, which are core ATen.
+``uniform`` keeps the top 24 bits, which float32 represents exactly, and centres them in (0, 1):
+``u = (h >> 8 + 0.5) / 2^24``. Using both Box–Muller halves makes one hash per normal draw.
 
 The same function runs eagerly (the library's reference) and inside an exported program (the on-device
 trainer), which is what makes eager-vs-runtime parity possible.
@@ -59,16 +60,21 @@ def tensor_key(seed: torch.Tensor | int, index: int) -> torch.Tensor:
 def counter_normal(seed: torch.Tensor | int, index: int, shape: tuple[int, ...] | torch.Size,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                    offset: int = 0) -> torch.Tensor:
-    """Standard normal draws of ``shape`` for tensor ``index`` under ``seed``: element k is Box–Muller of the
-    hashes of counters 2(offset + k) and 2(offset + k) + 1 (see the module docstring)."""
+    """Standard normal draws of ``shape`` for tensor ``index`` under ``seed``, starting at element ``offset``
+    of that tensor's stream. Elements 2j and 2j + 1 are the cosine and sine halves of one Box–Muller pair made
+    from the hashes of counters 2j and 2j + 1, so a draw depends only on its position (a slice of a long draw
+    equals a draw at that offset) and each hash yields one normal."""
     numel = math.prod(shape)
     key = tensor_key(seed, index)
     if device is not None:
         key = key.to(device)
-    counters = torch.arange(2 * offset, 2 * (offset + numel), dtype=torch.int64, device=key.device)
+    first, last = offset // 2, (offset + numel - 1) // 2                 # the Box–Muller pairs touched
+    counters = torch.arange(2 * first, 2 * (last + 1), dtype=torch.int64, device=key.device)
     # hashing the counter before the key enters keeps two tensors' counter ranges from overlapping
     bits = _shr(mix32(mix32(counters) ^ key), 8)                         # 24 random bits per counter
     u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))              # in (0, 1), never 0 or 1
-    u1, u2 = u[0::2], u[1::2]
-    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
-    return z.reshape(tuple(shape)).to(dtype)
+    radius = torch.sqrt(-2.0 * torch.log(u[0::2]))
+    angle = (2 * math.pi) * u[1::2]
+    z = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1).reshape(-1)
+    start = offset - 2 * first
+    return z[start:start + numel].reshape(tuple(shape)).to(dtype)

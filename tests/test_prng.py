@@ -95,3 +95,10 @@ def test_runs_in_the_executorch_runtime(tmp_path):
     for seed in (9, 10, 2**31 + 5):
         out = method.execute([torch.tensor(seed)])[0]
         assert torch.allclose(out, counter_normal(seed, 5, (64, 16)), atol=1e-5)
+
+
+@pytest.mark.parametrize("offset,numel", [(0, 7), (1, 6), (5, 1), (10, 33)])
+def test_a_draw_at_an_offset_is_a_slice_of_the_long_draw(offset, numel):
+    """What lets a program draw every layer's noise in one call and the eager layers draw their own part."""
+    long = counter_normal(3, 0, (64,))
+    assert torch.equal(counter_normal(3, 0, (numel,), offset=offset), long[offset:offset + numel])
