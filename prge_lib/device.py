@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .lora import LoRAFALinear, perturbed
+from .prge import PRGE, step_seeds
 from .prng import counter_normal
 from .objective import Batch, copy_losses
 
@@ -191,11 +192,10 @@ class RuntimeStep:
         self.method = Runtime.get().load_program(str(path)).load_method("forward")
 
     def __call__(self, *inputs):
-        losses, adapter = self.method.execute(list(inputs))
-        return losses, adapter
+        return tuple(self.method.execute(list(inputs)))
 
 
-class ProgramPRGE:
+class ProgramPRGE(PRGE):
     """P-RGE whose every step runs in an exported program (chapter 10): the trainer's method object.
 
     The adapter lives on the host: it is fed to the program each step and the returned one is kept when the
@@ -204,23 +204,17 @@ class ProgramPRGE:
 
     def __init__(self, model, layers, path, q: int, eps: float, lr: float, seed: int, width: int,
                  pad_id: int = 0):
-        self.model, self.layers, self.q, self.eps, self.lr, self.seed = model, list(layers), q, eps, lr, seed
+        super().__init__(model, layers, q, eps, lr, seed)
         self.state = TrainStep(model, q)
         self.program = RuntimeStep(path)
-        self.meta = read_program_meta(path)
-        settings = self.meta["settings"]
+        settings = read_program_meta(path)["settings"]
         expected = {"q": q, "seq_len": width, "adapter_size": sum(self.state.sizes)}
         differ = {k: (settings[k], v) for k, v in expected.items() if settings[k] != v}
         if differ:
             raise ValueError(f"the program {path} was exported for other settings (program, run): {differ}")
         self.width, self.target_width, self.pad_id = width, settings["target_width"], pad_id
 
-    def trainable(self):
-        return {f"{layer.index}.lora_B": layer.lora_B for layer in self.layers}
-
     def step(self, batch: Batch, t: int) -> dict:
-        from .prge import step_seeds
-
         b = fit_width(batch.to("cpu"), self.width, self.pad_id, self.target_width)
         seeds = torch.tensor(step_seeds(self.seed, t, self.q), dtype=torch.int64)
         losses, adapter = self.program(b.input_ids, b.attention_mask, b.targets, self.state.adapter(), seeds,

@@ -7,7 +7,9 @@ A LoRA-FA layer adds a low-rank path to a frozen projection W (out × in):
 For P-RGE the input batch holds n groups of rows (n = q queries × {+ε, −ε}); group c is multiplied by its own
 copy B_c = B + k_c ε z_{i_c}, with one batched matmul. Only the master B is a parameter; the copies exist
 during the forward only, and the noise z_i is redrawn from the query's seed (``prge_lib.rge.gaussian``) with
-the layer's index, so nothing of size q·d is stored between forwards.
+the layer's index, so nothing of size q·d is stored between forwards. With ``noise="counter"`` it comes instead
+from ``prge_lib.prng``, at the layer's offset in one counter space over the whole adapter, so an exported
+program can draw every layer's z in one call (chapter 10).
 
 Shapes follow nn.Linear and peft (A: r × in, B: out × r), so in ≠ out works and adapters move to peft.
 """
@@ -22,10 +24,19 @@ import torch
 from torch import nn
 
 from .prng import counter_normal
-from .rge import NOISE_SOURCES, gaussian
+from .rge import gaussian
 
 # Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# where a layer's noise comes from: torch's generator (prge_lib.rge.gaussian) or the counter generator
+NOISE_SOURCES = ("torch", "counter")
+
+
+def check_noise_source(noise: str) -> str:
+    """``noise`` if it names a noise source, else a ValueError listing the ones there are."""
+    if noise not in NOISE_SOURCES:
+        raise ValueError(f"unknown noise source {noise!r}; choose from {NOISE_SOURCES}")
+    return noise
 
 
 class LoRAFALinear(nn.Module):
@@ -36,9 +47,7 @@ class LoRAFALinear(nn.Module):
         super().__init__()
         if r < 1:
             raise ValueError(f"LoRA rank r must be at least 1, got {r}")
-        if noise not in NOISE_SOURCES:
-            raise ValueError(f"unknown noise source {noise!r}; choose from {NOISE_SOURCES}")
-        self.noise_source = noise       # "counter": the generator an exported program can run (chapter 10)
+        self.noise_source = check_noise_source(noise)   # "counter": the generator an exported program can run (chapter 10)
         self.offset = 0                 # counter source: where this B starts in the model's flattened adapter
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features

@@ -9,7 +9,8 @@ whenever it is needed (perturb +ε, perturb −2ε, restore +ε, update), so the
 noise however large the model. The price is four sequential passes over the parameters per query.
 
 All noise in the library comes from :func:`gaussian`: a draw is a pure function of (seed, index, shape), so
-MeZO on a parameter subset, P-RGE's LoRA-B copies and the trainer after a resume all see the same z.
+MeZO on a parameter subset, P-RGE's LoRA-B copies and the trainer after a resume all see the same z. (LoRA-FA
+layers can instead draw from :mod:`prge_lib.prng`, the generator an exported program runs; chapter 10.)
 """
 from __future__ import annotations
 
@@ -43,21 +44,9 @@ def _generator(device: torch.device) -> torch.Generator:
     return _GENERATORS[key]
 
 
-NOISE_SOURCES = ("torch", "counter")
-
-
 def gaussian(seed: int, index: int, shape: Sequence[int], device="cpu",
-             dtype: torch.dtype = torch.float32, chunk: int = 0, source: str = "torch") -> torch.Tensor:
-    """The standard normal tensor number ``index`` of noise seed ``seed`` (chunk ``chunk`` of it).
-
-    ``source="torch"`` draws with torch's generator reset from (seed, index, chunk); ``"counter"`` with the
-    integer-op generator of :mod:`prge_lib.prng`, which also runs inside an exported program (chapter 10).
-    """
-    if source == "counter":
-        from .prng import counter_normal
-        return counter_normal(seed, index, tuple(shape), dtype, device, offset=chunk * _CHUNK)
-    if source != "torch":
-        raise ValueError(f"unknown noise source {source!r}; choose from {NOISE_SOURCES}")
+             dtype: torch.dtype = torch.float32, chunk: int = 0) -> torch.Tensor:
+    """The standard normal tensor number ``index`` of noise seed ``seed`` (chunk ``chunk`` of it)."""
     device = torch.device(device)
     gen = _generator(device)
     gen.manual_seed(mix_seed(seed, index, chunk))

@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 
 from .adapters import DEFAULT_R, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
-from .lora import DEFAULT_TARGETS, inject_lorafa
+from .lora import DEFAULT_TARGETS, check_noise_source, inject_lorafa
 from .objective import collate, encode_example
 from .provenance import atomic_file
-from .rge import NOISE_SOURCES, mix_seed
+from .rge import mix_seed
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
 ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
@@ -133,8 +133,7 @@ class TrainConfig:
             c.inner = None
         if c.eval_every < 0 or c.checkpoint_every < 0:
             raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
-        if c.noise not in NOISE_SOURCES:
-            raise ValueError(f"unknown noise source {c.noise!r}; choose from {NOISE_SOURCES}")
+        check_noise_source(c.noise)
         if c.noise != "torch" and c.method not in ("prge", "mezo-lorafa"):
             raise ValueError(f"noise {c.noise!r} applies to prge and mezo-lorafa only, not {c.method}")
         if c.program is not None:

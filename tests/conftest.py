@@ -21,6 +21,15 @@ def shared_data() -> Path:
     return Path(value)
 
 
+@pytest.fixture()
+def sst2_small(fixture_data):
+    """A 16 / 8 / 8 SST-2 sample of the fixture data (for trainer tests)."""
+    from prge_lib.data import sample_task
+    from prge_lib.tasks import get_task
+
+    return sample_task(get_task("sst2"), 0, 16, 8, 8, root=fixture_data)
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once for the session."""

@@ -1,5 +1,5 @@
-"""Tiny synthetic data in the hub schema of all 14 tasks, written by the tests themselves, and a helper
-that gives LoRA-FA layers non-zero B (so that perturbations change the loss).
+"""Tiny synthetic data in the hub schema of all 14 tasks, written by the tests themselves, a helper that
+gives LoRA-FA layers non-zero B (so that perturbations change the loss), and a small trainer.
 
 The rows are made up (numbered sentences), so tests that need no real data run anywhere; they exercise
 the loaders, the sampling and the templates, not the models' accuracy.
@@ -66,3 +66,11 @@ def randomize_b(layers, scale: float = 0.05, seed: int = 0) -> None:
     with torch.no_grad():
         for layer in layers:
             layer.lora_B.copy_(scale * torch.randn(layer.lora_B.shape, generator=gen))
+
+
+def small_trainer(tiny_factory, tokenizer, data, folder=None, **settings):
+    """A 6-step SST-2 trainer on a fresh tiny model: evaluation every 3 steps, a checkpoint every 2."""
+    from prge_lib.train import TrainConfig, Trainer
+
+    settings = {"steps": 6, "eval_every": 3, "checkpoint_every": 2, **settings}
+    return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)

@@ -2,25 +2,16 @@
 import pytest
 import torch
 
-from prge_lib.data import sample_task
-from prge_lib.tasks import get_task
-from prge_lib.train import TrainConfig, Trainer, TrainingDiverged
+from prge_lib.train import TrainConfig, TrainingDiverged
 
-
-@pytest.fixture()
-def sst2_small(fixture_data):
-    return sample_task(get_task("sst2"), 0, 16, 8, 8, root=fixture_data)
-
-
-def _trainer(tiny_factory, tokenizer, data, folder=None, **kw):
-    settings = {"steps": 6, "eval_every": 3, "checkpoint_every": 2, **kw}
-    return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)
+from fixtures import small_trainer as _trainer
 
 
 @pytest.mark.parametrize("method,extra", [
     ("prge", {"q": 2, "E": 4}),
     ("mezo", {"E": 4, "lr": 1e-4}),
     ("fo-lorafa", {"batch_size": 4}),
+    ("mezo", {"adapter": "dora", "r": 4, "E": 4}),        # MeZO over a peft adapter (chapter 4)
 ])
 def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_small, tmp_path, method, extra):
     whole = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra).run()
