@@ -141,6 +141,7 @@ def _export(args) -> int:
 
 def _device_train(args) -> int:
     from .device import read_program_meta
+    from .lora import save_adapter
     from .train import TrainConfig, Trainer
 
     s = read_program_meta(args.pte)["settings"]
@@ -152,7 +153,10 @@ def _device_train(args) -> int:
     common = dict(task=args.task, method="prge", steps=args.steps, lr=args.lr, eps=args.eps, q=s["q"], E=s["E"],
                   outer=True, inner=True, noise="counter", r=s["r"], alpha=s["alpha"], targets=tuple(s["targets"]),
                   seed=s["seed"], layers=s["layers"] if s["truncated"] else None, max_length=s["seq_len"],
-                  model=s["model"], eval_every=args.eval_every, checkpoint_every=0, **sizes)
+                  model=s["model"], eval_every=args.eval_every,
+                  checkpoint_every=args.checkpoint_every if args.checkpoint_dir else 0, **sizes)
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
     start = time.perf_counter()
     runs = {"runtime": TrainConfig(program=str(args.pte), **common)}
     if args.check_eager:
@@ -160,7 +164,14 @@ def _device_train(args) -> int:
     results = {}
     for label, config in runs.items():
         config.resolved()
-        results[label] = Trainer(config).run()
+        # the runtime run checkpoints into the folder itself, the eager twin into a subfolder
+        folder = None if not args.checkpoint_dir else \
+            Path(args.checkpoint_dir) / ("eager" if label == "eager" else "")
+        trainer = Trainer(config, checkpoint_dir=folder)
+        results[label] = trainer.run(resume=args.resume)
+        if label == "runtime" and args.save_adapter:
+            save_adapter(trainer.model, args.save_adapter,
+                         {"task": args.task, "method": "prge", "program": Path(args.pte).name})
         print(f"{label}: {len(results[label]['losses'])} steps, median "
               f"{results[label]['step_time_s']['median']:.3f} s/step", file=sys.stderr)
     result = {"kind": "device-train", "task": args.task, "seed": s["seed"], "program": str(args.pte),
@@ -180,6 +191,28 @@ def _device_train(args) -> int:
           f"{100 * result['evals'][0]['val']:.1f} at step 0 -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")
     return 0 if not args.check_eager or result["parity"]["within_1e-4"] else 4
+
+
+def _device_bench(args) -> int:
+    from .device import read_program_meta
+    from .program_bench import compare, profile
+
+    start = time.perf_counter()
+    settings = read_program_meta(args.pte)["settings"]
+    result = {"kind": "device-bench", "program": Path(args.pte).name, "program_settings": settings,
+              "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
+              "inputs": "one random batch of the program's shapes, no padding, fed to both sides",
+              **compare(args.pte, args.repeats, args.warmup)}
+    if args.profile:
+        result["profile"] = profile(args.pte)
+    result["provenance"] = provenance(time.perf_counter() - start)
+    write_result(args.out, result)
+    rt, eg = result["runtime"], result["eager"]
+    print(f"step: runtime {rt['median_s']:.3f} s, eager {eg['median_s']:.3f} s "
+          f"(eager/runtime {result['eager_over_runtime']:.2f}); resident after loading: runtime "
+          f"{rt['resident_after_first_step_mib']:.0f} MiB, eager {eg['resident_after_first_step_mib']:.0f} MiB "
+          f"-> {args.out}")
+    return 0
 
 
 def _add_model_options(p) -> None:
@@ -269,8 +302,24 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--n-test", type=int, default=None)
     dt.add_argument("--check-eager", action="store_true",
                     help="also run eager P-RGE with the same seeds and compare the per-step losses")
+    dt.add_argument("--checkpoint-dir", default=None,
+                    help="folder for the runtime run's checkpoint (the eager twin's goes to its eager/ subfolder)")
+    dt.add_argument("--checkpoint-every", type=int, default=100)
+    dt.add_argument("--resume", action="store_true",
+                    help="continue the run saved in --checkpoint-dir with a freshly loaded program")
+    dt.add_argument("--save-adapter", default=None,
+                    help="write the adapter trained in the runtime (safetensors, loadable with load_adapter)")
     dt.add_argument("--out", required=True, help="where to write the JSON result")
     dt.set_defaults(run=_device_train)
+
+    db = sub.add_parser("device-bench", help="a program's step in the runtime beside the same step eager: "
+                                             "time, memory, and (--profile) where the runtime spends it")
+    db.add_argument("--pte", required=True, help="a program written by `prge export`")
+    db.add_argument("--repeats", type=int, default=5, help="timed steps per side (the median is reported)")
+    db.add_argument("--warmup", type=int, default=1)
+    db.add_argument("--profile", action="store_true", help="also trace the runtime's operators (ETDump)")
+    db.add_argument("--out", required=True, help="where to write the JSON result")
+    db.set_defaults(run=_device_bench)
 
     from .bench import CONFIGS
     be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")

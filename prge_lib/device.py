@@ -176,11 +176,13 @@ def export_program(step: TrainStep, inputs: tuple, path, backend: str = "xnnpack
     start = time.perf_counter()
     program = to_edge_transform_and_lower(exported, partitioner=partitioner).to_executorch()
     lower_s = time.perf_counter() - start
+    # the arena the runtime allocates for intermediate tensors (memory planning done at export)
+    planned = sum(program.executorch_program.execution_plan[0].non_const_buffer_sizes)
     with atomic_file(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(program.buffer)
     size = Path(path).stat().st_size
-    return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "ops": ops}
+    return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "planned_bytes": planned, "ops": ops}
 
 
 class RuntimeStep:
@@ -261,6 +263,9 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
     net, tokenizer = load_model(model)
     if layers is not None:
         truncate_layers(net, layers)
+    # the same attention written as matmul + softmax: the SDPA fallback that export otherwise traces adds
+    # masking ops (eq, where, logical_not) that XNNPACK does not take, leaving them to the portable kernels
+    net.set_attn_implementation("eager")
     targets = tuple(targets or DEFAULT_TARGETS)
     inject_lorafa(net, targets, r, alpha, seed=seed, noise="counter")
     step = TrainStep(net, q)

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from .prng import counter_normal
 from .rge import gaussian
@@ -91,7 +92,9 @@ class LoRAFALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        h = (x.to(self.lora_A.dtype) @ self.lora_A.T).to(out.dtype)      # (N, L, r), N = n·b
+        # x Aᵀ as a linear layer (the same product, bit for bit), so an exported program hands it to the
+        # backend's fully-connected kernel with A as a constant weight instead of a portable matmul
+        h = F.linear(x.to(self.lora_A.dtype), self.lora_A).to(out.dtype)   # (N, L, r), N = n·b
         # accumulate into the fresh base output in place when no graph is recorded (ZO): one pass less
         inplace = not torch.is_grad_enabled()
         if self.copies is None:

@@ -132,6 +132,58 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
     assert result["parity"]["max_rel_loss_diff"] <= 1e-4
     assert len(set(result["losses"])) > 1 and result["provenance"]["wall_time_s"] > 0
 
+    # every operator of the exported graph is core ATen (the two exceptions are structural: tuple access and a
+    # metadata assertion that lowering removes), so any ExecuTorch build runs it without custom operators
+    structural = {"<built-in function getitem>", "aten._assert_tensor_metadata.default"}
+    for name in set(meta["ops"]) - structural:
+        namespace, op, overload = name.split(".")
+        assert namespace == "aten" and torch.Tag.core in getattr(getattr(torch.ops.aten, op), overload).tags, name
+    assert meta["planned_bytes"] > 0
+
+    # stop after 10 steps, then resume with a freshly loaded program: the same 20-step trajectory, and the
+    # adapter read back from the runtime loads into a PyTorch model
+    ckpt, adapter = tmp_path / "ckpt", tmp_path / "adapter.safetensors"
+    common = ["device-train", "--pte", str(pte), "--task", "sst2", "--lr", "1e-2", "--n-train", "40",
+              "--n-val", "8", "--n-test", "8", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"]
+    assert main(common + ["--steps", "10", "--out", str(tmp_path / "first.json")]) == 0
+    assert main(common + ["--steps", "20", "--resume", "--save-adapter", str(adapter),
+                          "--out", str(tmp_path / "resumed.json")]) == 0
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["losses"] == result["losses"]
+    from prge_lib.device import TrainStep, truncate_layers
+    from prge_lib.lora import load_adapter, read_adapter
+    from prge_lib.models import load_model
+
+    model, _ = load_model(str(tiny_folder))
+    truncate_layers(model, 1)
+    inject_lorafa(model, noise="counter")
+    load_adapter(model, read_adapter(adapter))
+    assert TrainStep(model, 2).adapter().abs().max() > 0
+
+
+def test_device_bench_compares_runtime_and_eager(fixture_data, tiny_folder, tmp_path, monkeypatch):
+    """`prge device-bench` times the program's step in the runtime and the same step eager on one batch,
+    meters both processes' memory and traces the runtime's operators."""
+    pytest.importorskip("executorch")
+    import json
+
+    from prge_lib.cli import main
+
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    pte, out = tmp_path / "step.pte", tmp_path / "bench.json"
+    assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E", "4",
+                 "--seq-len", "16", "--backend", "xnnpack", "--out", str(pte)]) == 0
+    assert main(["device-bench", "--pte", str(pte), "--repeats", "2", "--profile", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for side in ("runtime", "eager"):
+        r = result[side]
+        assert len(r["step_s"]) == 2 and r["median_s"] > 0 and r["load_s"] > 0
+        assert r["resident_after_first_step_mib"] > r["resident_before_load_mib"] > 0
+    assert result["eager_over_runtime"] == result["eager"]["median_s"] / result["runtime"]["median_s"]
+    profile = result["profile"]
+    assert profile["delegated_ms"] > 0 and profile["portable_ms"] > 0       # XNNPACK took part, not all
+    assert any(name.startswith("bitwise") for name in profile["portable_top"])   # the generator: portable
+
 
 def test_program_refuses_other_settings(fixture_data, tiny_folder, tmp_path, monkeypatch):
     pytest.importorskip("executorch")

@@ -1,0 +1,148 @@
+"""The exported training program beside eager P-RGE at identical shapes: step time, memory of the process,
+and where the runtime spends a step (chapter 10).
+
+A program has fixed shapes, so the host pads every batch to the exported width, while the eager trainer pads
+each batch only to its own longest row. Comparing a runtime run with an eager training run therefore mixes two
+things; here both sides get the same random batch of the program's shapes. Each side runs in a fresh process
+(``python -m prge_lib.program_bench``) so that its memory is its own. Memory is the resident set: after loading
+(Python, torch and the weights or the program included) and the peak during the steps above that level
+(:class:`prge_lib.bench.PeakMemory`). On a phone the C++ runtime needs neither Python nor torch, so the load
+figure is an upper bound there.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from .bench import PeakMemory, _status_kib, time_steps
+
+
+def program_inputs(settings: dict, seed: int = 0) -> list:
+    """A batch of the program's shapes (random tokens, no padding), a small random adapter and step seeds."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, width, answer = settings["rows"], settings["seq_len"], settings["target_width"]
+    vocab = 1000                   # token ids below any real vocabulary's size; their values do not change timing
+    return [torch.randint(1, vocab, (rows, width), generator=gen),
+            torch.ones(rows, width, dtype=torch.long),
+            torch.randint(1, vocab, (rows, answer), generator=gen),
+            1e-3 * torch.randn(settings["adapter_size"], generator=gen),
+            torch.arange(settings["q"], dtype=torch.int64),
+            torch.tensor(1e-3), torch.tensor(1e-2)]
+
+
+def _eager_step(settings: dict):
+    from .device import TrainStep, truncate_layers
+    from .lora import inject_lorafa
+    from .models import load_model
+
+    net, _ = load_model(settings["model"])
+    if settings["truncated"]:
+        truncate_layers(net, settings["layers"])
+    inject_lorafa(net, tuple(settings["targets"]), settings["r"], settings["alpha"], seed=settings["seed"],
+                  noise="counter")
+    return TrainStep(net, settings["q"])
+
+
+def _runtime_step(pte: str):
+    from .device import RuntimeStep
+
+    return RuntimeStep(pte)
+
+
+def _measure(job: dict) -> dict:
+    """In a fresh process: load one side, then time ``repeats`` steps after ``warmup`` and meter memory."""
+    from .device import read_program_meta
+
+    torch.set_grad_enabled(False)
+    settings = read_program_meta(job["pte"])["settings"]
+    inputs = program_inputs(settings)
+    before = _status_kib("VmRSS")
+    start = time.perf_counter()
+    step = _runtime_step(job["pte"]) if job["side"] == "runtime" else _eager_step(settings)
+    load_s = time.perf_counter() - start
+    step(*inputs)                                  # first call: pages the weights in, plans memory
+    loaded = _status_kib("VmRSS")
+    meter = PeakMemory(torch.device("cpu"))
+    meter.start()
+    times = time_steps(lambda t: step(*inputs), job["repeats"], job["warmup"], cuda=False)
+    peak = meter.peak_mib()
+    return {"load_s": load_s, "step_s": times, "median_s": statistics.median(times),
+            "resident_before_load_mib": before / 1024 if before else None,
+            "resident_after_first_step_mib": loaded / 1024 if loaded else None,
+            "peak_during_steps_mib": peak}
+
+
+def measure(pte, side: str, repeats: int = 5, warmup: int = 1) -> dict:
+    """Step time and memory of ``side`` ("runtime": the .pte in the ExecuTorch runtime; "eager": the same
+    step as a PyTorch module) in a fresh process."""
+    if side not in ("runtime", "eager"):
+        raise ValueError(f"side must be 'runtime' or 'eager', got {side!r}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    job = {"pte": str(pte), "side": side, "repeats": repeats, "warmup": warmup}
+    proc = subprocess.run([sys.executable, "-m", "prge_lib.program_bench", json.dumps(job)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring the {side} step of {pte} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
+    """Both sides, one after the other, and the eager/runtime step-time ratio (> 1: the runtime is faster)."""
+    runtime = measure(pte, "runtime", repeats, warmup)
+    eager = measure(pte, "eager", repeats, warmup)
+    return {"runtime": runtime, "eager": eager, "eager_over_runtime": eager["median_s"] / runtime["median_s"]}
+
+
+def profile(pte, steps: int = 2, workdir=None) -> dict:
+    """Where the runtime spends a step, from its ETDump trace: milliseconds per step in XNNPACK-delegated
+    work and in operators run by the portable kernels, and the largest entries of each."""
+    import tempfile
+    from pathlib import Path
+
+    from executorch.devtools import Inspector
+    from executorch.runtime import Runtime
+
+    from .device import read_program_meta
+
+    settings = read_program_meta(pte)["settings"]
+    inputs = program_inputs(settings)
+    program = Runtime.get().load_program(str(pte), enable_etdump=True, debug_buffer_size=0)
+    method = program.load_method("forward")
+    with torch.no_grad():
+        for _ in range(steps):
+            method.execute(inputs)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        trace = Path(tmp) / "trace.etdp"
+        program.write_etdump_result_to_file(str(trace), str(Path(tmp) / "debug.bin"))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # "no debug buffer": we record timings only
+            inspector = Inspector(etdump_path=str(trace))
+    totals = collections.Counter()
+    for block in inspector.event_blocks:
+        if block.name != "Execute":
+            continue
+        for event in block.events:
+            if event.perf_data is not None:
+                totals[event.name] += sum(event.perf_data.raw) / steps
+    portable = collections.Counter({name.removeprefix("native_call_"): ms for name, ms in totals.items()
+                                    if name.startswith("native_call_")})
+    delegated = collections.Counter()
+    for name, ms in totals.items():        # XNNPACK's own events: "Fully Connected (NC, F32) GEMM #1", ...
+        if name not in ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL") and \
+                not name.startswith("native_call_"):
+            delegated[name.split(" #")[0]] += ms
+    return {"steps": steps, "step_ms": totals["Method::execute"],
+            "delegated_ms": totals["DELEGATE_CALL"], "portable_ms": totals["OPERATOR_CALL"],
+            "delegated_top": dict(delegated.most_common(8)), "portable_top": dict(portable.most_common(12))}
+
+
+if __name__ == "__main__":     # the worker behind measure()
+    print(json.dumps(_measure(json.loads(sys.argv[1]))))
