@@ -140,55 +140,27 @@ def _export(args) -> int:
 
 
 def _device_train(args) -> int:
-    from .device import read_program_meta
-    from .lora import save_adapter
-    from .train import TrainConfig, Trainer
+    from .device import read_program_meta, train_in_runtime
 
-    s = read_program_meta(args.pte)["settings"]
-    if s["task"] != args.task:
-        print(f"prge: note: the program was exported for {s['task']}; training it on {args.task}",
+    if read_program_meta(args.pte)["settings"]["task"] != args.task:
+        print(f"prge: note: the program was exported for another task; training it on {args.task}",
               file=sys.stderr)
     sizes = {k: v for k, v in {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}.items()
              if v is not None}
-    common = dict(task=args.task, method="prge", steps=args.steps, lr=args.lr, eps=args.eps, q=s["q"], E=s["E"],
-                  outer=True, inner=True, noise="counter", r=s["r"], alpha=s["alpha"], targets=tuple(s["targets"]),
-                  seed=s["seed"], layers=s["layers"] if s["truncated"] else None, max_length=s["seq_len"],
-                  model=s["model"], eval_every=args.eval_every,
-                  checkpoint_every=args.checkpoint_every if args.checkpoint_dir else 0, **sizes)
-    if args.resume and not args.checkpoint_dir:
-        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
     start = time.perf_counter()
-    runs = {"runtime": TrainConfig(program=str(args.pte), **common)}
-    if args.check_eager:
-        runs["eager"] = TrainConfig(**common)
-    results = {}
-    for label, config in runs.items():
-        config.resolved()
-        # the runtime run checkpoints into the folder itself, the eager twin into a subfolder
-        folder = None if not args.checkpoint_dir else \
-            Path(args.checkpoint_dir) / ("eager" if label == "eager" else "")
-        trainer = Trainer(config, checkpoint_dir=folder)
-        results[label] = trainer.run(resume=args.resume)
-        if label == "runtime" and args.save_adapter:
-            save_adapter(trainer.model, args.save_adapter,
-                         {"task": args.task, "method": "prge", "program": Path(args.pte).name})
-        print(f"{label}: {len(results[label]['losses'])} steps, median "
-              f"{results[label]['step_time_s']['median']:.3f} s/step", file=sys.stderr)
-    result = {"kind": "device-train", "task": args.task, "seed": s["seed"], "program": str(args.pte),
-              "program_settings": s, **results["runtime"], "status": "finished"}
-    if args.check_eager:
-        ours, eager = result["losses"], results["eager"]["losses"]
-        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, eager)]
-        result["eager"] = results["eager"]
-        result["parity"] = {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel,
-                            "steps": len(rel), "within_1e-4": max(rel) <= 1e-4}
-        print(f"parity with eager P-RGE over {len(rel)} steps: largest relative loss difference "
-              f"{max(rel):.1e}", file=sys.stderr)
+    result = train_in_runtime(args.pte, args.task, args.steps, lr=args.lr, eps=args.eps,
+                              eval_every=args.eval_every, check_eager=args.check_eager,
+                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                              resume=args.resume, save_adapter_to=args.save_adapter, **sizes)
     result["provenance"] = provenance(time.perf_counter() - start)
     write_result(args.out, result)
+    if args.check_eager:
+        print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
+              f"difference {result['parity']['max_rel_loss_diff']:.1e}", file=sys.stderr)
     best = result["best_val"]
-    print(f"{result['title']} in the runtime: {len(result['losses'])} steps; validation "
-          f"{100 * result['evals'][0]['val']:.1f} at step 0 -> {100 * best['val']:.1f} at step {best['step']}; "
+    print(f"{result['title']} in the runtime: {len(result['losses'])} steps, median "
+          f"{result['step_time_s']['median']:.3f} s/step; validation {100 * result['evals'][0]['val']:.1f} at "
+          f"step {result['evals'][0]['step']} -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")
     return 0 if not args.check_eager or result["parity"]["within_1e-4"] else 4
 

@@ -286,3 +286,49 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
               "provenance": provenance(time.perf_counter() - start)}
     write_result(meta_path(out), record)
     return record
+
+
+def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: float | None = None,
+                     eval_every: int = 0, check_eager: bool = False, checkpoint_dir=None,
+                     checkpoint_every: int = 100, resume: bool = False, save_adapter_to=None,
+                     progress: bool = True, **sizes) -> dict:
+    """Train ``task`` for ``steps`` steps with the program ``pte`` in the ExecuTorch runtime (Gao et al. §4.3).
+
+    The run's settings (q, E, rank, targets, seed, width) come from the program's sidecar. With
+    ``check_eager`` the eager P-RGE trainer runs the same steps with the same seeds and data, and the result
+    gains ``parity``: the relative difference of the per-step losses (the paper's sanity check). Checkpoints
+    go to ``checkpoint_dir`` (the eager twin's to its ``eager/`` subfolder); ``resume`` continues from them
+    with a freshly loaded program. ``sizes``: n_train, n_val, n_test."""
+    from .lora import save_adapter
+    from .train import TrainConfig, Trainer
+
+    meta = read_program_meta(pte)
+    s = meta["settings"]
+    if resume and not checkpoint_dir:
+        raise ValueError("resume needs checkpoint_dir (the folder of the run to continue)")
+    common = dict(task=task, method="prge", steps=steps, lr=lr, eps=eps, q=s["q"], E=s["E"], outer=True,
+                  inner=True, noise="counter", r=s["r"], alpha=s["alpha"], targets=tuple(s["targets"]),
+                  seed=s["seed"], layers=s["layers"] if s["truncated"] else None, max_length=s["seq_len"],
+                  model=s["model"], eval_every=eval_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
+                  **sizes)
+    runs = {"runtime": TrainConfig(program=str(pte), **common)}
+    if check_eager:
+        runs["eager"] = TrainConfig(**common)
+    results = {}
+    for label, config in runs.items():
+        config.resolved()
+        folder = None if not checkpoint_dir else Path(checkpoint_dir) / ("eager" if label == "eager" else "")
+        trainer = Trainer(config, checkpoint_dir=folder, progress=progress)
+        results[label] = trainer.run(resume=resume)
+        if label == "runtime" and save_adapter_to:
+            save_adapter(trainer.model, save_adapter_to, {"task": task, "method": "prge", "program": Path(pte).name})
+    result = {"kind": "device-train", "task": task, "seed": s["seed"], "program": Path(pte).name,
+              "program_settings": s, "program_commit": meta.get("provenance", {}).get("commit"),
+              **results["runtime"], "status": "finished"}
+    if check_eager:
+        ours, eager = result["losses"], results["eager"]["losses"]
+        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, eager)]
+        result["eager"] = results["eager"]
+        result["parity"] = {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
+                            "within_1e-4": max(rel) <= 1e-4}
+    return result
