@@ -109,7 +109,22 @@ def test_adapter_round_trip(tiny_factory):
         step.load(state[:-1])
 
 
-def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, tiny_folder, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def tiny_program(fixture_data, tiny_folder, tmp_path_factory):
+    """`prge export` of the tiny model cut to one layer (portable kernels, q 2, E 4, 24 tokens), once per module."""
+    pytest.importorskip("executorch")
+    from prge_lib.cli import main
+
+    pte = tmp_path_factory.mktemp("program") / "step.pte"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
+        assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E",
+                     "4", "--seq-len", "24", "--backend", "portable", "--out", str(pte)]) == 0
+    return pte
+
+
+def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, tiny_folder, tiny_program, tmp_path,
+                                                                 monkeypatch):
     """`prge export` writes the program and its settings; `prge device-train --check-eager` trains with it for
     20 steps and the losses agree with eager P-RGE (same seeds) within 1e-4 relative at every step."""
     pytest.importorskip("executorch")
@@ -118,9 +133,7 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
     from prge_lib.cli import main
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
-    pte = tmp_path / "step.pte"
-    assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E", "4",
-                 "--seq-len", "24", "--backend", "portable", "--out", str(pte)]) == 0
+    pte = tiny_program
     meta = json.loads(pte.with_suffix(".json").read_text())
     assert meta["settings"]["layers"] == 1 and meta["settings"]["target_width"] == 1 and meta["pte_bytes"] > 0
     assert "provenance" in meta and not [op for op in meta["ops"] if "rand" in op]
@@ -185,18 +198,23 @@ def test_device_bench_compares_runtime_and_eager(fixture_data, tiny_folder, tmp_
     assert any(name.startswith("bitwise") for name in profile["portable_top"])   # the generator: portable
 
 
-def test_program_refuses_other_settings(fixture_data, tiny_folder, tmp_path, monkeypatch):
-    pytest.importorskip("executorch")
-    from prge_lib.cli import main
+def test_program_refuses_other_settings(fixture_data, tiny_folder, tiny_program, monkeypatch):
     from prge_lib.train import TrainConfig, Trainer
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
-    pte = tmp_path / "step.pte"
-    assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E", "4",
-                 "--seq-len", "24", "--backend", "portable", "--out", str(pte)]) == 0
+    pte = tiny_program
     config = TrainConfig(task="sst2", method="prge", q=4, E=4, noise="counter", layers=1, max_length=24,
                          model=str(tiny_folder), program=str(pte), n_train=40, n_val=8, n_test=8)
     with pytest.raises(ValueError, match="other settings"):
         Trainer(config)
     with pytest.raises(ValueError, match="counter"):
         TrainConfig(task="sst2", method="prge", program=str(pte), max_length=24).resolved()
+
+
+def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path):
+    from prge_lib.device import train_in_runtime
+
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        train_in_runtime(tiny_program, "sst2", 4, resume=True)
+    with pytest.raises(FileNotFoundError, match="settings"):
+        train_in_runtime(tmp_path / "missing.pte", "sst2", 4)
