@@ -131,10 +131,10 @@ def _export(args) -> int:
     record = export_training_program(args.task, args.out, model=args.model, layers=args.layers, q=args.q,
                                      E=args.E, seq_len=args.seq_len, r=args.r, alpha=args.alpha,
                                      targets=tuple(args.targets.split(",")), seed=args.seed,
-                                     backend=args.backend)
+                                     backend=args.backend, dtype=args.dtype)
     s = record["settings"]
     print(f"exported the P-RGE step ({s['layers']} layers, q = {s['q']}, {s['rows']} rows of {s['seq_len']} "
-          f"tokens, {s['backend']}): export {record['export_s']:.0f} s, lowering {record['lower_s']:.0f} s, "
+          f"tokens, {s['backend']}, {s['dtype']}): export {record['export_s']:.0f} s, lowering {record['lower_s']:.0f} s, "
           f"{record['pte_bytes'] / 2**20:.0f} MiB -> {args.out} (settings in {Path(args.out).with_suffix('.json')})")
     return 0
 
@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
     ex.add_argument("--seed", type=int, default=0, help="LoRA-A initialisation and the run's noise seeds")
     ex.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
+    ex.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
+                    help="precision of the frozen weights (the adapter and its update stay fp32)")
     ex.add_argument("--out", required=True, help="the .pte to write (its settings go to the .json beside it)")
     ex.set_defaults(run=_export)
 

@@ -106,6 +106,7 @@ class CopyLosses(nn.Module):
 # ----------------------------------------------------------------- building and exporting the program
 
 BACKENDS = ("xnnpack", "portable")
+PROGRAM_DTYPES = ("fp32", "fp16")
 
 
 def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
@@ -244,9 +245,12 @@ def read_program_meta(pte) -> dict:
 
 def export_training_program(task: str, out, model: str | None = None, layers: int | None = None, q: int = 4,
                             E: int = 16, seq_len: int = 64, r: int = 16, alpha: float = 32,
-                            targets=None, seed: int = 0, backend: str = "xnnpack") -> dict:
+                            targets=None, seed: int = 0, backend: str = "xnnpack", dtype: str = "fp32") -> dict:
     """Build the P-RGE step for ``task`` on the model, export it to ``out`` (.pte) and write its settings,
-    the export statistics and provenance beside it (:func:`meta_path`). Returns that record."""
+    the export statistics and provenance beside it (:func:`meta_path`). Returns that record.
+
+    ``dtype`` is the frozen weights' precision (fp32 or fp16); the adapter, its noise and the update stay
+    fp32 (chapter 10, "fp16 in the program?")."""
     import time
 
     from .data import sample_task
@@ -258,9 +262,12 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
 
     if E % q:
         raise ValueError(f"the effective batch E = {E} must be a multiple of q = {q}")
+    if dtype not in PROGRAM_DTYPES:
+        raise ValueError(f"a program's weights can be {PROGRAM_DTYPES}, got {dtype!r} (bf16 breaks ZO: the "
+                         f"perturbation ε·z falls below its 8-bit mantissa)")
     start = time.perf_counter()
     spec = get_task(task)
-    net, tokenizer = load_model(model)
+    net, tokenizer = load_model(model, dtype=dtype)
     if layers is not None:
         truncate_layers(net, layers)
     # the same attention written as matmul + softmax: the SDPA fallback that export otherwise traces adds
@@ -276,7 +283,7 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
     settings = {"task": task, "model": model, "layers": layers if layers is not None else len(net.model.layers),
                 "truncated": layers is not None, "q": q, "E": E, "rows": E // q, "seq_len": seq_len,
                 "target_width": target_width, "r": r, "alpha": alpha, "targets": list(targets), "seed": seed,
-                "backend": backend, "adapter_size": sum(step.sizes), "adapter_layers": len(step.sizes),
+                "backend": backend, "dtype": dtype, "adapter_size": sum(step.sizes), "adapter_layers": len(step.sizes),
                 "inputs": ["input_ids (rows, seq_len) int64", "attention_mask (rows, seq_len) int64",
                            f"targets (rows, {target_width}) int64", f"adapter ({sum(step.sizes)},) float32",
                            f"seeds ({q},) int64", "lr () float32", "eps () float32"],
@@ -309,7 +316,8 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     common = dict(task=task, method="prge", steps=steps, lr=lr, eps=eps, q=s["q"], E=s["E"], outer=True,
                   inner=True, noise="counter", r=s["r"], alpha=s["alpha"], targets=tuple(s["targets"]),
                   seed=s["seed"], layers=s["layers"] if s["truncated"] else None, max_length=s["seq_len"],
-                  model=s["model"], eval_every=eval_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
+                  model=s["model"], dtype=s.get("dtype", "fp32"), eval_every=eval_every,
+                  checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                   **sizes)
     runs = {"runtime": TrainConfig(program=str(pte), **common)}
     if check_eager:

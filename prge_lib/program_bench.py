@@ -41,7 +41,7 @@ def _eager_step(settings: dict):
     from .lora import inject_lorafa
     from .models import load_model
 
-    net, _ = load_model(settings["model"])
+    net, _ = load_model(settings["model"], dtype=settings.get("dtype", "fp32"))
     if settings["truncated"]:
         truncate_layers(net, settings["layers"])
     inject_lorafa(net, tuple(settings["targets"]), settings["r"], settings["alpha"], seed=settings["seed"],

@@ -2,6 +2,8 @@
 operators, and runs in the ExecuTorch runtime with the eager trajectory."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -218,3 +220,22 @@ def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path
         train_in_runtime(tiny_program, "sst2", 4, resume=True)
     with pytest.raises(FileNotFoundError, match="settings"):
         train_in_runtime(tmp_path / "missing.pte", "sst2", 4)
+
+
+def test_fp16_program_keeps_the_adapter_in_fp32(fixture_data, tiny_folder, tmp_path, monkeypatch):
+    """`--dtype fp16` halves the frozen weights; the adapter input and output stay fp32 and the runtime
+    follows eager fp16 P-RGE; bf16 is refused."""
+    pytest.importorskip("executorch")
+    from prge_lib.device import export_training_program, train_in_runtime
+
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    with pytest.raises(ValueError, match="bf16"):
+        export_training_program("sst2", tmp_path / "x.pte", model=str(tiny_folder), layers=1, dtype="bf16")
+    pte = tmp_path / "half.pte"
+    record = export_training_program("sst2", pte, model=str(tiny_folder), layers=1, q=2, E=4, seq_len=16,
+                                     dtype="fp16")
+    assert record["settings"]["dtype"] == "fp16" and "float32" in record["settings"]["inputs"][3]
+    run = train_in_runtime(pte, "sst2", 3, lr=1e-2, check_eager=True, progress=False, n_train=40, n_val=8,
+                           n_test=8)
+    assert run["config"]["dtype"] == "fp16" and all(map(math.isfinite, run["losses"]))
+    assert run["parity"]["max_rel_loss_diff"] < 1e-2        # fp16 kernels round differently from PyTorch's
