@@ -19,6 +19,10 @@ program's trajectory can be compared with the eager trainer step by step.
 """
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -186,13 +190,39 @@ def export_program(step: TrainStep, inputs: tuple, path, backend: str = "xnnpack
     return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "planned_bytes": planned, "ops": ops}
 
 
+@contextmanager
+def without_cpu_probe_chatter():
+    """Drop the lines the runtime logs while XNNPACK probes the CPU at load time ("[cpuinfo_utils.cpp:71]
+    Reading file ..."); anything else it writes is passed on. The runtime writes to file descriptor 2, or
+    through Python's ``sys.stderr`` when that is not a file (in a notebook), so both are captured."""
+    import io
+
+    sys.stderr.flush()
+    saved_fd, saved_stream, text = os.dup(2), sys.stderr, io.StringIO()
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        sys.stderr = text
+        try:
+            yield
+        finally:
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            lines = (captured.read().decode(errors="replace") + text.getvalue()).splitlines(keepends=True)
+            kept = "".join(line for line in lines if not line.startswith("[cpuinfo_utils"))
+            if kept:
+                sys.stderr.write(kept)
+
+
 class RuntimeStep:
     """A .pte training step loaded in the ExecuTorch runtime, called like :class:`TrainStep`."""
 
     def __init__(self, path):
         from executorch.runtime import Runtime
 
-        self.method = Runtime.get().load_program(str(path)).load_method("forward")
+        with without_cpu_probe_chatter():
+            self.method = Runtime.get().load_program(str(path)).load_method("forward")
 
     def __call__(self, *inputs):
         return tuple(self.method.execute(list(inputs)))

@@ -109,12 +109,13 @@ def profile(pte, steps: int = 2, workdir=None) -> dict:
     from executorch.devtools import Inspector
     from executorch.runtime import Runtime
 
-    from .device import read_program_meta
+    from .device import without_cpu_probe_chatter, read_program_meta
 
     settings = read_program_meta(pte)["settings"]
     inputs = program_inputs(settings)
     program = Runtime.get().load_program(str(pte), enable_etdump=True, debug_buffer_size=0)
-    method = program.load_method("forward")
+    with without_cpu_probe_chatter():
+        method = program.load_method("forward")
     with torch.no_grad():
         for _ in range(steps):
             method.execute(inputs)
