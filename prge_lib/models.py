@@ -109,6 +109,17 @@ def resolve_source(name: str | None) -> tuple[str, bool]:
     return name, False
 
 
+def check_device(device: str) -> None:
+    """Refuse a device torch cannot use here, naming what is available (e.g. --device cuda on a CPU build)."""
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device {device!r}: no CUDA device is available to torch {torch.__version__} ({build}); "
+                         f"use --device cpu, or install a CUDA build of torch on a machine with a GPU")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: choose cpu or cuda (cuda:N for a given GPU)")
+
+
 def load_model(name: str | None = None, *, dtype: str = "fp32", quant: str = "none", device: str = "cpu"):
     """Load ``(model, tokenizer)`` ready for evaluation; the tokenizer pads on the left.
 
@@ -120,6 +131,7 @@ def load_model(name: str | None = None, *, dtype: str = "fp32", quant: str = "no
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
     if quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization mode {quant!r}; choose one of {list(QUANT_MODES)}")
+    check_device(device)
     source, embedded = resolve_source(name)
     local = embedded or Path(source).is_dir()
     kwargs = {"dtype": DTYPES[dtype]}

@@ -239,3 +239,15 @@ def test_fp16_program_keeps_the_adapter_in_fp32(fixture_data, tiny_folder, tmp_p
                            n_test=8)
     assert run["config"]["dtype"] == "fp16" and all(map(math.isfinite, run["losses"]))
     assert run["parity"]["max_rel_loss_diff"] < 1e-2        # fp16 kernels round differently from PyTorch's
+
+
+def test_unavailable_device_is_refused_by_name():
+    """The Jetson path runs the eager trainer with --device cuda; where torch has no GPU the error says so."""
+    from prge_lib.models import check_device
+
+    check_device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            check_device("cuda")
+    with pytest.raises(ValueError, match="choose cpu or cuda"):
+        check_device("meta")
