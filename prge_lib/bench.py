@@ -272,11 +272,16 @@ def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, war
     """Peak memory (MiB above the loaded model) of ``warmup`` + 1 steps of ``name``, in a fresh process."""
     job = {"model": model, "name": name, "E": E, "q": q, "seq_len": seq_len, "warmup": warmup, "task": task,
            "eps": eps, "lr": lr}
-    proc = subprocess.run([sys.executable, "-m", "prge_lib.bench", json.dumps(job)], capture_output=True,
-                          text=True)
+    return in_fresh_process("prge_lib.bench", job, f"memory measurement of {name!r}")["peak_mib"]
+
+
+def in_fresh_process(module: str, job: dict, what: str) -> dict:
+    """Run ``python -m module <job as JSON>`` and return the JSON object its last stdout line prints: a
+    measurement whose memory is its own. ``what`` names it in the error if the worker fails."""
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(job)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"memory measurement of {name!r} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mib"]
+        raise RuntimeError(f"{what} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _measure_peak(job: dict) -> float | None:

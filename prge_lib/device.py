@@ -216,13 +216,15 @@ def without_cpu_probe_chatter():
 
 
 class RuntimeStep:
-    """A .pte training step loaded in the ExecuTorch runtime, called like :class:`TrainStep`."""
+    """A .pte training step loaded in the ExecuTorch runtime, called like :class:`TrainStep`. With ``etdump``
+    the runtime records every operator's time (``program.write_etdump_result_to_file``; chapter 10)."""
 
-    def __init__(self, path):
+    def __init__(self, path, etdump: bool = False):
         from executorch.runtime import Runtime
 
+        self.program = Runtime.get().load_program(str(path), enable_etdump=etdump)
         with without_cpu_probe_chatter():
-            self.method = Runtime.get().load_program(str(path)).load_method("forward")
+            self.method = self.program.load_method("forward")
 
     def __call__(self, *inputs):
         return tuple(self.method.execute(list(inputs)))
@@ -352,9 +354,9 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     runs = {"runtime": TrainConfig(program=str(pte), **common)}
     if check_eager:
         runs["eager"] = TrainConfig(**common)
+    runs = {label: config.resolved() for label, config in runs.items()}   # refuse bad settings before any run
     results = {}
     for label, config in runs.items():
-        config.resolved()
         folder = None if not checkpoint_dir else Path(checkpoint_dir) / ("eager" if label == "eager" else "")
         trainer = Trainer(config, checkpoint_dir=folder, progress=progress)
         results[label] = trainer.run(resume=resume)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import collections
 import json
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-from .bench import PeakMemory, _status_kib, time_steps
+from .bench import PeakMemory, _status_kib, in_fresh_process, time_steps
 
 
 def program_inputs(settings: dict, seed: int = 0) -> list:
@@ -49,22 +48,16 @@ def _eager_step(settings: dict):
     return TrainStep(net, settings["q"])
 
 
-def _runtime_step(pte: str):
-    from .device import RuntimeStep
-
-    return RuntimeStep(pte)
-
-
 def _measure(job: dict) -> dict:
     """In a fresh process: load one side, then time ``repeats`` steps after ``warmup`` and meter memory."""
-    from .device import read_program_meta
+    from .device import RuntimeStep, read_program_meta
 
     torch.set_grad_enabled(False)
     settings = read_program_meta(job["pte"])["settings"]
     inputs = program_inputs(settings)
     before = _status_kib("VmRSS")
     start = time.perf_counter()
-    step = _runtime_step(job["pte"]) if job["side"] == "runtime" else _eager_step(settings)
+    step = RuntimeStep(job["pte"]) if job["side"] == "runtime" else _eager_step(settings)
     load_s = time.perf_counter() - start
     step(*inputs)                                  # first call: pages the weights in, plans memory
     loaded = _status_kib("VmRSS")
@@ -86,11 +79,7 @@ def measure(pte, side: str, repeats: int = 5, warmup: int = 1) -> dict:
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     job = {"pte": str(pte), "side": side, "repeats": repeats, "warmup": warmup}
-    proc = subprocess.run([sys.executable, "-m", "prge_lib.program_bench", json.dumps(job)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring the {side} step of {pte} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_fresh_process("prge_lib.program_bench", job, f"measuring the {side} step of {pte}")
 
 
 def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
@@ -107,21 +96,17 @@ def profile(pte, steps: int = 2, workdir=None) -> dict:
     from pathlib import Path
 
     from executorch.devtools import Inspector
-    from executorch.runtime import Runtime
 
-    from .device import without_cpu_probe_chatter, read_program_meta
+    from .device import RuntimeStep, read_program_meta
 
-    settings = read_program_meta(pte)["settings"]
-    inputs = program_inputs(settings)
-    program = Runtime.get().load_program(str(pte), enable_etdump=True, debug_buffer_size=0)
-    with without_cpu_probe_chatter():
-        method = program.load_method("forward")
+    inputs = program_inputs(read_program_meta(pte)["settings"])
+    step = RuntimeStep(pte, etdump=True)
     with torch.no_grad():
         for _ in range(steps):
-            method.execute(inputs)
+            step(*inputs)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         trace = Path(tmp) / "trace.etdp"
-        program.write_etdump_result_to_file(str(trace), str(Path(tmp) / "debug.bin"))
+        step.program.write_etdump_result_to_file(str(trace), str(Path(tmp) / "debug.bin"))
         import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # "no debug buffer": we record timings only
