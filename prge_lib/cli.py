@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from .config import fast_mode, seed_everything
 from .lora import DEFAULT_TARGETS
-from .provenance import provenance, write_result   # reads the commit now, before any work
+from .provenance import provenance, record_command, write_result   # reads the commit now, before any work
 from .tasks import TASKS
 
 
@@ -187,6 +188,38 @@ def _device_bench(args) -> int:
     return 0
 
 
+def _reproduce(args) -> int:
+    from . import reproduce as rp
+
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(v) for v in args.seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
+    roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
+             "checkpoints": Path(args.checkpoint_root) if args.checkpoint_root else rp.CHECKPOINTS}
+    overrides = {"steps": args.steps} if args.steps else {}
+    cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
+    if not cells and not args.summary:
+        raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; --list shows the names")
+    if args.list or args.dry_run:
+        print(rp.list_cells(cells, **roots))
+        if args.dry_run:
+            for cell in cells:
+                if not cell.result_path(roots["results"]).is_file():
+                    print(f"would run: {cell.command()}")
+        return 0
+    if not args.summary:
+        rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
+                    say=lambda line: print(f"prge: {line}", file=sys.stderr), **roots)
+    if args.summary:
+        csv_path, md_path = rp.write_summary(args.grid, roots["results"])
+        print(md_path.read_text(), end="")
+        print(f"-> {csv_path}, {md_path}", file=sys.stderr)
+    return 0
+
+
 def _add_model_options(p) -> None:
     p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
@@ -295,6 +328,31 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--out", required=True, help="where to write the JSON result")
     db.set_defaults(run=_device_bench)
 
+    from .reproduce import BACKENDS, GRIDS, PROFILES
+    rp = sub.add_parser("reproduce", help="run the cells of a paper table (resumable; chapter 7)",
+                        description="Runs every cell of a grid that has no result yet; an interrupted cell "
+                                    "resumes from its checkpoint, so rerunning continues where it stopped.")
+    rp.add_argument("grid", choices=list(GRIDS), help="the table to reproduce")
+    rp.add_argument("--profile", default="cpu", choices=PROFILES,
+                    help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
+    rp.add_argument("--only", default=None,
+                    help="run the cells whose name contains this text (comma-separated: all must match)")
+    rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
+    rp.add_argument("--list", action="store_true", help="show each cell as done / partial / missing, with "
+                                                         "the time left, and exit")
+    rp.add_argument("--dry-run", action="store_true", help="--list, plus the command of every cell to run")
+    rp.add_argument("--summary", action="store_true",
+                    help="write summary.csv and summary.md from the grid's result files (and run nothing)")
+    rp.add_argument("--backend", default="local", choices=BACKENDS,
+                    help="local: one cell after another in this process; ray: cells as Ray tasks")
+    rp.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    rp.add_argument("--cpus-per-cell", type=int, default=1, help="Ray: CPUs (and torch threads) per cell")
+    rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
+    rp.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
+    rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default runs/reproduce)")
+    rp.set_defaults(run=_reproduce)
+
     from .bench import CONFIGS
     be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")
     be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
@@ -311,8 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    for name in ("n", "n_train", "n_val", "n_test", "repeats", "seq_len"):
+    record_command(shlex.join(["prge", *argv]))
+    for name in ("n", "n_train", "n_val", "n_test", "repeats", "seq_len", "steps", "cpus_per_cell"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"prge: --{name.replace('_', '-')} must be at least 1, got {value}")

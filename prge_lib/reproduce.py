@@ -1,0 +1,503 @@
+"""The reproduction runner behind chapter 7: the papers' tables as grids of independent cells.
+
+A *grid* is a named list of *cells*; a cell is one run (model × task × method × hyperparameters × seed) that
+writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json``. The runner skips a cell
+whose result exists (after checking that the file was made with the cell's settings), resumes an interrupted
+cell from its checkpoint (``runs/reproduce/<grid>/<cell>/``), and so continues where it stopped when killed
+and rerun. Cells are independent, so they can also be dispatched to a Ray cluster (``backend="ray"``).
+
+Model selection follows Gao et al. §4.1 / App. C: per (task, row) the learning rate with the best mean
+validation score over the seeds is chosen, and the test score at each run's best validation step is
+reported as mean ± standard deviation over the seeds (:func:`summarize`).
+
+Profiles: ``paper`` is App. C (20k ZO steps, 1k FO steps, the full learning-rate grids, 3 seeds); ``cpu`` fits
+a 2-core CPU (1000 ZO steps, 500 FO steps, one learning rate per row; 3 seeds for the ZO LoRA-FA rows of
+Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "data" / "results"
+CHECKPOINTS = REPO / "runs" / "reproduce"
+PROFILES = ("cpu", "paper")
+BACKENDS = ("local", "ray")
+
+# Rough seconds per training step on a 2-core CPU for SST-2 prompts (from the committed SST-2 runs and
+# data/results/bench); --list scales them by nothing else, so longer tasks take longer than it says.
+SECONDS_PER_STEP = {"fo": 2.5, "fo-lorafa": 1.2, "mezo": 4.0, "mezo-lorafa": 1.2, "prge": 1.3}
+EVAL_SECONDS = 60.0          # one validation (500) plus, at a new best, one test (1000) evaluation
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a paper table: a method with fixed settings and a learning-rate grid per profile."""
+    key: str                               # file-name tag, e.g. "prge-q4-E16"
+    label: str                             # as the paper's table prints it
+    method: str                            # a TrainConfig method, "zeroshot" or "bench"
+    settings: dict = field(default_factory=dict)   # fixed TrainConfig fields (q, E, adapter, …)
+    lrs: dict = field(default_factory=dict)        # profile -> learning rates searched
+    seeds: dict = field(default_factory=dict)      # profile -> seeds
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid. ``settings`` are the TrainConfig fields (or the benchmark's arguments)."""
+    grid: str
+    profile: str
+    task: str
+    row: Row
+    lr: float | None
+    seed: int
+    settings: tuple          # sorted (name, value) pairs, hashable
+
+    @property
+    def name(self) -> str:
+        lr = "" if self.lr is None else f"_lr{lr_text(self.lr)}"
+        length = f"-L{self.config()['seq_len']}" if self.kind == "bench" else ""
+        return f"{self.task}/{self.row.key}{length}{lr}_seed{self.seed}"
+
+    @property
+    def kind(self) -> str:
+        return self.row.method if self.row.method in ("zeroshot", "bench") else "train"
+
+    def config(self) -> dict:
+        return dict(self.settings)
+
+    def steps(self) -> int:
+        return self.config().get("steps", 0)
+
+    def result_path(self, root: Path = RESULTS) -> Path:
+        return Path(root) / self.grid / f"{self.name}.json"
+
+    def checkpoint_dir(self, root: Path = CHECKPOINTS) -> Path:
+        return Path(root) / self.grid / self.name
+
+    def command(self) -> str:
+        """The command that runs this cell alone (recorded as the result's provenance)."""
+        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}"
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate as file names carry it: 1e-3, 3e-4, 1.5e-4."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+# ---------------------------------------------------------------- the grids
+_ZO_LORAFA_LRS = {"paper": (5e-5, 1e-4, 5e-4, 1e-3), "cpu": (1e-3,)}
+_SEEDS_3 = {"paper": (0, 1, 2), "cpu": (0, 1, 2)}
+_SEEDS_1 = {"paper": (0, 1, 2), "cpu": (0,)}
+STEPS = {"paper": {"zo": 20000, "fo": 1000}, "cpu": {"zo": 1000, "fo": 500}}
+EVAL_EVERY = {"paper": {"zo": 500, "fo": 100}, "cpu": {"zo": 100, "fo": 100}}
+
+ZERO_SHOT = Row("zeroshot", "Zero-shot", "zeroshot", seeds=_SEEDS_1)
+TABLE1_ROWS = (
+    ZERO_SHOT,
+    Row("fo", "FO-Adam (Full)", "fo", {"batch_size": 8},
+        {"paper": (1e-5, 5e-5, 8e-5), "cpu": (1e-5,)}, _SEEDS_1),
+    Row("fo-lorafa", "FO-Adam (LoRA-FA)", "fo-lorafa", {"batch_size": 8},
+        {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)}, _SEEDS_1),
+    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3},
+        {"paper": (1e-7, 5e-7, 1e-6), "cpu": (1e-6,)}, _SEEDS_1),
+    Row("mezo-lorafa-E16", "MeZO (LoRA-FA)", "mezo-lorafa", {"q": 1, "E": 16, "eps": 1e-2},
+        _ZO_LORAFA_LRS, _SEEDS_3),
+    Row("prge-q4-E16", "P-RGE (q = 4)", "prge", {"q": 4, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
+    Row("prge-q16-E16", "P-RGE (q = 16)", "prge", {"q": 16, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
+)
+TABLE2_LITE_ROWS = (ZERO_SHOT,) + tuple(
+    dataclasses.replace(r, seeds=_SEEDS_1) for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
+PEFT_ROWS = tuple(
+    Row(f"mezo-{a}", label, "mezo", {"adapter": a, "q": 1, "E": 16, "eps": 1e-2},
+        {"paper": (5e-6, 5e-5, 5e-4, 5e-3), "cpu": (1e-3,)}, _SEEDS_1)
+    for a, label in (("lora", "LoRA"), ("lora-fa", "LoRA-FA"), ("dora", "DoRA"), ("vera", "VeRA")))
+# step time and peak memory: one benchmark per (sequence length, quantization), on synthetic batches
+_BENCH_METHODS = ("mezo", "mezo-lorafa", "prge-outer", "prge-inner", "prge")
+BENCH_ROWS = {
+    "runtime": tuple(Row(f"bench-{quant}", f"step time ({quant})", "bench",
+                         {"methods": _BENCH_METHODS, "quant": quant, "qs": (1, 4, 16)}, seeds={"paper": (0,), "cpu": (0,)})
+                     for quant in ("none", "int8", "nf4")),
+    "memory": (Row("bench-memory", "peak memory", "bench",
+                   {"methods": ("inference", "fo", "fo-lorafa") + _BENCH_METHODS, "quant": "none", "qs": (4,)},
+                   seeds={"paper": (0,), "cpu": (0,)}),),
+}
+GRIDS = {
+    "table1": {"tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"), "rows": TABLE1_ROWS,
+               "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
+    "table2-lite": {"tasks": ("boolq", "wsc", "wic", "multirc", "copa", "winogrande", "squad"),
+                    "rows": TABLE2_LITE_ROWS, "source": "Gao et al. Table 2 (Llama2-7B)"},
+    "peft": {"tasks": ("sst2",), "rows": PEFT_ROWS, "source": "Gao et al. Table 7 (OPT-1.3B)"},
+    "runtime": {"tasks": ("synthetic",), "rows": BENCH_ROWS["runtime"], "seq_lens": (64, 128, 256),
+                "source": "Gao et al. Fig. 5, 6, Tables 8 and 13"},
+    "memory": {"tasks": ("synthetic",), "rows": BENCH_ROWS["memory"], "seq_lens": (64, 128, 256),
+               "source": "Gao et al. Fig. 7; ACL version Table 3"},
+}
+
+
+def _family(method: str) -> str:
+    return "fo" if method in ("fo", "fo-lorafa") else "zo"
+
+
+def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None,
+               only: str | None = None, model: str | None = None, **overrides) -> list[Cell]:
+    """The cells of ``grid`` under ``profile`` (``seeds`` replaces every row's seeds; ``only`` keeps the
+    cells whose name contains it, several comma-separated filters all apply; ``overrides`` replace
+    TrainConfig fields of every training cell, e.g. ``steps`` or ``n_train`` for small tests)."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; choose one of {list(GRIDS)}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {list(PROFILES)}")
+    spec = GRIDS[grid]
+    cells = []
+    for task in spec["tasks"]:
+        for row in spec["rows"]:
+            for lr in row.lrs.get(profile, (None,)):
+                for seed in (row.seeds[profile] if seeds is None else tuple(seeds)):
+                    for settings in _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
+                        cells.append(Cell(grid, profile, task, row, lr, seed, tuple(sorted(settings.items()))))
+    if only:
+        for part in only.split(","):
+            cells = [c for c in cells if part.strip() in c.name]
+    return cells
+
+
+def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
+    if row.method == "bench":
+        for seq_len in spec["seq_lens"]:
+            s = dict(row.settings, seq_len=seq_len, model=model, E=16)
+            s["methods"], s["qs"] = list(s["methods"]), list(s["qs"])
+            yield s
+        return
+    s = {"task": task, "seed": seed, "model": model}
+    if row.method != "zeroshot":
+        fam = _family(row.method)
+        s.update(method=row.method, lr=lr, steps=STEPS[profile][fam], eval_every=EVAL_EVERY[profile][fam],
+                 **row.settings)
+    s.update({k: v for k, v in overrides.items() if row.method != "zeroshot" or k.startswith("n_")})
+    yield s
+
+
+# ---------------------------------------------------------------- running one cell
+def cell_matches(cell: Cell, result: dict) -> list[str]:
+    """The settings in which an existing result differs from the cell (empty: it is this cell's result)."""
+    if cell.kind == "bench":
+        return [] if result.get("kind") == "bench" else ["kind"]
+    saved = result.get("config", {})
+    return [k for k, v in cell.config().items()
+            if k not in ("model",) and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+
+
+def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINTS) -> dict:
+    """{"state": "done" | "partial" | "missing", "step": steps done, "steps": steps of the cell}."""
+    path = cell.result_path(results)
+    if path.is_file():
+        return {"state": "done", "step": cell.steps(), "steps": cell.steps()}
+    ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
+    if ckpt.is_file():
+        import torch
+        step = torch.load(ckpt, weights_only=False, map_location="cpu")["step"]
+        return {"state": "partial", "step": step, "steps": cell.steps()}
+    return {"state": "missing", "step": 0, "steps": cell.steps()}
+
+
+def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
+    if cell.kind == "zeroshot":
+        return EVAL_SECONDS
+    if cell.kind == "bench":
+        return 600.0
+    c = cell.config()
+    evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
+    return remaining_steps * SECONDS_PER_STEP[c["method"]] + evals * EVAL_SECONDS
+
+
+def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINTS,
+             progress: bool = True, threads: int | None = None) -> Path:
+    """Run one cell (resuming its checkpoint if one exists) and write its result; return the result path.
+
+    An existing result made with other settings is an error, not something to overwrite silently."""
+    from .provenance import provenance, write_result
+
+    path = cell.result_path(results)
+    if path.is_file():
+        differ = cell_matches(cell, json.loads(path.read_text()))
+        if differ:
+            raise ValueError(f"{path} holds a result made with other settings ({differ}); move it away "
+                             f"to rerun cell {cell.name}")
+        return path
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    if cell.kind == "zeroshot":
+        result = _run_zeroshot(cell)
+    elif cell.kind == "bench":
+        result = _run_bench(cell)
+    else:
+        result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress)
+    result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+                      "label": cell.row.label, "lr": cell.lr}
+    result.setdefault("seed", cell.seed)
+    result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
+    validate_result(result)
+    return write_result(path, result)
+
+
+def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool) -> dict:
+    from .train import TrainConfig, Trainer
+
+    config = TrainConfig(**cell.config())
+    trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
+    resume = trainer.checkpoint_path().is_file()
+    result = trainer.run(resume=resume)
+    result.update(status="finished", model=config.model or "SmolLM2-135M-Instruct")
+    return result
+
+
+def _run_zeroshot(cell: Cell) -> dict:
+    from .data import sample_task
+    from .evaluate import zero_shot
+    from .models import load_model
+    from .tasks import get_task
+
+    c = cell.config()
+    task = get_task(c["task"])
+    sizes = {k: c[k] for k in ("n_train", "n_val", "n_test") if k in c}
+    data = sample_task(task, c["seed"], **sizes)
+    model, tokenizer = load_model(c.get("model"))
+    val = zero_shot(task, model, tokenizer, data.val)["value"]
+    test = zero_shot(task, model, tokenizer, data.test)["value"]
+    point = {"step": 0, "val": val, "test": test}
+    return {"kind": "train", "task": task.name, "title": task.title, "method": "zeroshot", "metric": task.metric,
+            "seed": c["seed"], "config": {**c, "method": "zeroshot", "steps": 0}, "steps": 0,
+            "data_sizes": data.sizes(), "data_notes": data.notes, "zero_shot_val": val,
+            "best_val": point, "final": point, "evals": [point], "losses": [], "status": "finished",
+            "model": c.get("model") or "SmolLM2-135M-Instruct"}
+
+
+def _run_bench(cell: Cell) -> dict:
+    from .bench import bench
+
+    c = cell.config()
+    spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
+    result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"])
+    result.update(kind="bench", config=c, seed=cell.seed)
+    return result
+
+
+# ---------------------------------------------------------------- result schema
+_TRAIN_SCHEMA = {
+    "type": "object",
+    "required": ["kind", "task", "method", "seed", "config", "steps", "best_val", "final", "evals", "losses",
+                 "provenance"],
+    "properties": {
+        "kind": {"const": "train"},
+        "seed": {"type": "integer"},
+        "steps": {"type": "integer", "minimum": 0},
+        "config": {"type": "object", "required": ["task", "seed"]},
+        "best_val": {"$ref": "#/$defs/point"},
+        "final": {"$ref": "#/$defs/point"},
+        "evals": {"type": "array", "minItems": 1,
+                  "items": {"type": "object", "required": ["step", "val"],
+                            "properties": {"step": {"type": "integer"}, "val": {"type": "number"},
+                                           "test": {"type": "number"}}}},
+        "losses": {"type": "array", "items": {"type": "number"}},
+        "provenance": {"type": "object",
+                       "required": ["command", "commit", "versions", "hardware", "wall_time_s"]},
+    },
+    "$defs": {"point": {"type": "object", "required": ["step", "val", "test"],
+                        "properties": {"step": {"type": "integer"},
+                                       "val": {"type": "number", "minimum": 0, "maximum": 1},
+                                       "test": {"type": "number", "minimum": 0, "maximum": 1}}}},
+}
+_BENCH_SCHEMA = {"type": "object", "required": ["kind", "configs", "floor", "ratios", "config", "provenance"],
+                 "properties": {"kind": {"const": "bench"}}}
+
+
+def validate_result(result: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` unless ``result`` is a well-formed cell result."""
+    import jsonschema
+
+    jsonschema.validate(result, _BENCH_SCHEMA if result.get("kind") == "bench" else _TRAIN_SCHEMA)
+    if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
+        raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses")
+
+
+# ---------------------------------------------------------------- running a grid
+def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
+             results: Path = RESULTS, checkpoints: Path = CHECKPOINTS, progress: bool = True,
+             cpus_per_cell: int = 1, say: Callable[[str], None] = print) -> list[Path]:
+    """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    todo = [c for c in cells if not c.result_path(results).is_file()]
+    say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
+    if backend == "ray":
+        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say)
+    from tqdm.auto import tqdm
+    paths = []
+    for cell in tqdm(todo, desc="cells", disable=not progress or len(todo) < 2):
+        say(f"cell {cell.name}")
+        paths.append(run_cell(cell, results, checkpoints, progress))
+    return paths
+
+
+def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say) -> list[Path]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--backend ray needs Ray: pip install -e '.[cluster]' (or pip install ray)") from None
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    task = ray.remote(num_cpus=cpus_per_cell)(_ray_cell)
+    env = {"PRGE_DATA_DIR": os.environ.get("PRGE_DATA_DIR", ""), "PRGE_FAST": os.environ.get("PRGE_FAST", "")}
+    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env): cell for cell in cells}
+    paths = []
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        cell = pending.pop(done[0])
+        paths.append(Path(ray.get(done[0])))
+        say(f"cell {cell.name} done ({len(cells) - len(pending)}/{len(cells)})")
+    return paths
+
+
+def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dict) -> str:
+    os.environ.update({k: v for k, v in env.items() if v})
+    return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads))
+
+
+# ---------------------------------------------------------------- listing and summarizing
+def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path = CHECKPOINTS) -> str:
+    """A plain-text table: each cell's state (done / partial at step k / missing) and its time left."""
+    lines, left = [], 0.0
+    for cell in cells:
+        st = cell_status(cell, results, checkpoints)
+        seconds = 0.0 if st["state"] == "done" else estimate_seconds(cell, st["steps"] - st["step"])
+        left += seconds
+        state = f"partial {st['step']}/{st['steps']}" if st["state"] == "partial" else st["state"]
+        lines.append(f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}")
+    done = sum(1 for c in cells if c.result_path(results).is_file())
+    lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left on a 2-core CPU")
+    return "\n".join(lines)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def load_results(grid: str, results: Path = RESULTS) -> list[dict]:
+    """Every result file of ``grid`` (validated), with its path relative to the grid folder."""
+    folder = Path(results) / grid
+    out = []
+    for path in sorted(folder.rglob("*.json")):
+        data = json.loads(path.read_text())
+        validate_result(data)
+        data["_file"] = str(path.relative_to(folder))
+        out.append(data)
+    return out
+
+
+def _row_of(result: dict) -> str:
+    """The row key a result belongs to: from its cell block, or from its file name (runs made by
+    ``prge train`` into the grid's folder carry no cell block)."""
+    if "cell" in result:
+        return result["cell"]["row"]
+    return Path(result["_file"]).name.split("_lr")[0].split("_seed")[0]
+
+
+def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
+    """One record per (task, row): the chosen lr (best mean validation over seeds), and the test score at
+    each seed's best validation step as mean, standard deviation, min and max over the seeds."""
+    groups: dict[tuple, dict[float | None, list[dict]]] = {}
+    for r in load_results(grid, results):
+        if r.get("kind") != "train":
+            continue
+        lr = r["config"].get("lr") if r["method"] != "zeroshot" else None
+        groups.setdefault((r["task"], _row_of(r)), {}).setdefault(lr, []).append(r)
+    order = {row.key: i for i, row in enumerate(GRIDS[grid]["rows"])} if grid in GRIDS else {}
+    tasks = list(GRIDS[grid]["tasks"]) if grid in GRIDS else []
+    records = []
+    for (task, row), by_lr in sorted(groups.items(), key=lambda kv: (
+            tasks.index(kv[0][0]) if kv[0][0] in tasks else 99, order.get(kv[0][1], 99), kv[0][1])):
+        lr, runs = max(by_lr.items(), key=lambda kv: statistics.fmean(r["best_val"]["val"] for r in kv[1]))
+        runs = sorted(runs, key=lambda r: r["seed"])
+        tests = [100 * r["best_val"]["test"] for r in runs]
+        vals = [100 * r["best_val"]["val"] for r in runs]
+        label = next((x.label for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), row)
+        records.append({
+            "task": task, "row": row, "label": label, "lr": lr, "seeds": [r["seed"] for r in runs],
+            "n": len(runs), "steps": runs[0]["steps"],
+            "val_mean": round(statistics.fmean(vals), 2), "test_mean": round(statistics.fmean(tests), 2),
+            "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
+            "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
+            "lrs_tried": sorted(k for k in by_lr if k is not None),
+        })
+    return records
+
+
+def write_summary(grid: str, results: Path = RESULTS) -> tuple[Path, Path]:
+    """``summary.csv`` and ``summary.md`` in the grid's folder, from :func:`summarize`."""
+    import csv
+    import io
+
+    from .provenance import atomic_file
+
+    records = summarize(grid, results)
+    if not records:
+        raise ValueError(f"grid {grid!r} has no training results under {Path(results) / grid}")
+    folder = Path(results) / grid
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]), lineterminator="\n")
+    writer.writeheader()
+    for r in records:
+        writer.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()})
+    csv_path, md_path = folder / "summary.csv", folder / "summary.md"
+    with atomic_file(csv_path) as tmp:
+        tmp.write_text(buffer.getvalue())
+    with atomic_file(md_path) as tmp:
+        tmp.write_text(summary_markdown(records))
+    return csv_path, md_path
+
+
+def format_score(record: dict) -> str:
+    """"74.1 ± 2.0 (3)": mean ± standard deviation over n seeds; one seed shows the value alone."""
+    if record["n"] == 1:
+        return f"{record['test_mean']:.1f} (1)"
+    return f"{record['test_mean']:.1f} ± {record['test_sd']:.1f} ({record['n']})"
+
+
+def summary_markdown(records: list[dict]) -> str:
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    rows = list(dict.fromkeys((r["row"], r["label"]) for r in records))
+    cell = {(r["task"], r["row"]): r for r in records}
+    lines = ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for key, label in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            format_score(cell[(t, key)]) if (t, key) in cell else "–" for t in tasks) + " |")
+    lines.append("")
+    lines.append("Test score at each run's best validation step: mean ± standard deviation over seeds "
+                 "(number of seeds); learning rate chosen by mean validation score.")
+    return "\n".join(lines) + "\n"
+
+
+def table_of(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """Summary records keyed by (task, row)."""
+    return {(r["task"], r["row"]): r for r in records}
+
+
+def spread_separates(a: dict, b: dict) -> bool:
+    """True when the two rows' test means differ by more than the larger of their standard deviations
+    (the book calls a difference a difference only then; one-seed rows never qualify)."""
+    if a["test_sd"] is None or b["test_sd"] is None:
+        return False
+    return abs(a["test_mean"] - b["test_mean"]) > max(a["test_sd"], b["test_sd"])

@@ -1,0 +1,187 @@
+"""The reproduction runner (chapter 7): grids, resume after a kill, Ray = in-process, schema, summaries."""
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from prge_lib import reproduce as rp
+from prge_lib.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"steps": 4, "n_train": 16, "n_val": 8, "n_test": 8, "eval_every": 2, "checkpoint_every": 1}
+
+
+def test_grids_have_the_papers_rows_and_unique_names():
+    cells = rp.grid_cells("table1", "cpu")
+    names = [c.name for c in cells]
+    assert len(names) == len(set(names))
+    sst2 = [c for c in cells if c.task == "sst2"]
+    assert {c.row.label for c in sst2} == {"Zero-shot", "FO-Adam (Full)", "FO-Adam (LoRA-FA)", "MeZO (Full)",
+                                           "MeZO (LoRA-FA)", "P-RGE (q = 4)", "P-RGE (q = 16)"}
+    # the three ZO LoRA-FA rows run over three seeds on the CPU profile, the others over one
+    assert sorted(c.seed for c in sst2 if c.row.key == "prge-q4-E16") == [0, 1, 2]
+    assert [c.seed for c in sst2 if c.row.key == "fo"] == [0]
+    q16 = next(c for c in sst2 if c.row.key == "prge-q16-E16").config()
+    assert (q16["q"], q16["E"], q16["lr"], q16["eps"], q16["steps"]) == (16, 16, 1e-3, 1e-2, 1000)
+    paper = rp.grid_cells("table1", "paper", only="sst2/prge-q4")
+    assert sorted({c.lr for c in paper}) == [5e-5, 1e-4, 5e-4, 1e-3] and paper[0].steps() == 20000
+    assert rp.grid_cells("table1", "cpu", seeds=[7], only="rte/fo-lorafa")[0].name == "rte/fo-lorafa_lr3e-4_seed7"
+    assert {c.name for c in rp.grid_cells("runtime")} >= {"synthetic/bench-nf4-L256_seed0"}
+    assert [rp.lr_text(v) for v in (1e-3, 3e-4, 1.5e-4, 1e-7)] == ["1e-3", "3e-4", "1.5e-4", "1e-7"]
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: rp.grid_cells("table9"), r"unknown grid 'table9'; choose one of \['table1'"),
+    (lambda: rp.grid_cells("table1", "laptop"), r"unknown profile 'laptop'; choose one of \['cpu', 'paper'\]"),
+    (lambda: rp.run_grid([], backend="slurm"), r"unknown backend 'slurm'"),
+])
+def test_bad_grid_settings_are_refused_by_name(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _tiny_cells(tiny_folder, seeds=(0, 1)):
+    return rp.grid_cells("table1", "cpu", seeds=seeds, only="sst2/prge-q4", model=str(tiny_folder), **TINY)
+
+
+def _same_run(a: dict, b: dict) -> None:
+    for key in ("losses", "evals", "best_val", "final", "projected_grad", "config", "seed", "cell"):
+        assert a[key] == b[key], key
+
+
+@pytest.fixture()
+def tiny_env(fixture_data, monkeypatch):
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+
+
+def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_env, tiny_folder, tmp_path,
+                                                                           monkeypatch):
+    cells = _tiny_cells(tiny_folder)
+    whole = tmp_path / "whole"
+    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
+
+    from prge_lib.prge import PRGE
+    real_step = PRGE.step
+
+    def killed_at_step_3(self, batch, t):
+        if t == 2 and self.seed == 1:
+            raise KeyboardInterrupt("simulated kill during step 3 of the second cell")
+        return real_step(self, batch, t)
+
+    monkeypatch.setattr(PRGE, "step", killed_at_step_3)
+    res, ck = tmp_path / "res", tmp_path / "ck"
+    with pytest.raises(KeyboardInterrupt):
+        rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)
+    assert cells[0].result_path(res).is_file() and not cells[1].result_path(res).is_file()
+    listing = rp.list_cells(cells, res, ck)
+    assert "done" in listing and "partial 2/4" in listing and "1/2 done" in listing
+
+    monkeypatch.setattr(PRGE, "step", real_step)
+    said = []
+    rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append)
+    assert said[0] == "1 of 2 cells done; running 1"
+    for cell in cells:
+        _same_run(json.loads(cell.result_path(res).read_text()), json.loads(cell.result_path(whole / "res").read_text()))
+    result = json.loads(cells[1].result_path(res).read_text())
+    assert result["provenance"]["command"] == "prge reproduce table1 --profile cpu --only sst2/prge-q4-E16_lr1e-3_seed1"
+    rp.validate_result(result)
+
+    # a result file made with other settings is never taken for the cell's
+    other = rp.grid_cells("table1", "cpu", seeds=[1], only="sst2/prge-q4", model=str(tiny_folder),
+                          **{**TINY, "steps": 5})[0]
+    with pytest.raises(ValueError, match=r"other settings \(\['steps'\]\)"):
+        rp.run_cell(other, res, ck, progress=False)
+
+
+def test_ray_runs_the_same_cells_as_the_process(tiny_env, tiny_folder, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[cluster]'")
+    cells = _tiny_cells(tiny_folder)
+    rp.run_grid(cells, results=tmp_path / "local", checkpoints=tmp_path / "ck1", progress=False, say=lambda _: None)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        paths = rp.run_grid(cells, backend="ray", results=tmp_path / "ray", checkpoints=tmp_path / "ck2",
+                            say=lambda _: None)
+    finally:
+        ray.shutdown()
+    assert sorted(paths) == sorted(c.result_path(tmp_path / "ray") for c in cells)
+    for cell in cells:
+        _same_run(json.loads(cell.result_path(tmp_path / "ray").read_text()),
+                  json.loads(cell.result_path(tmp_path / "local").read_text()))
+
+
+def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
+    def result(row, lr, seed, val, test):
+        point = {"step": 10, "val": val, "test": test}
+        return {"kind": "train", "task": "sst2", "method": "prge", "seed": seed, "steps": 2,
+                "config": {"task": "sst2", "seed": seed, "lr": lr}, "best_val": point, "final": point,
+                "evals": [point], "losses": [1.0, 0.5],
+                "cell": {"row": row, "lr": lr}, "provenance": {"command": "x", "commit": None, "versions": {},
+                                                              "hardware": {}, "wall_time_s": 1.0}}
+    folder = tmp_path / "table1" / "sst2"
+    folder.mkdir(parents=True)
+    runs = [("prge-q4-E16", 1e-3, 0, 0.70, 0.72), ("prge-q4-E16", 1e-3, 1, 0.74, 0.78),
+            ("prge-q4-E16", 1e-3, 2, 0.72, 0.75), ("prge-q4-E16", 1e-4, 0, 0.80, 0.50),
+            ("prge-q4-E16", 1e-4, 1, 0.60, 0.50), ("mezo-lorafa-E16", 1e-3, 0, 0.6, 0.61)]
+    for row, lr, seed, val, test in runs:
+        (folder / f"{row}_lr{rp.lr_text(lr)}_seed{seed}.json").write_text(json.dumps(result(row, lr, seed, val, test)))
+    records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
+    prge = records["prge-q4-E16"]
+    assert prge["lr"] == 1e-3 and prge["lrs_tried"] == [1e-4, 1e-3]     # mean val 0.72 beats 0.70
+    assert prge["test_mean"] == 75.0 and prge["test_sd"] == round(statistics.stdev([72, 78, 75]), 2)
+    assert (prge["test_min"], prge["test_max"], prge["n"]) == (72.0, 78.0, 3)
+    assert records["mezo-lorafa-E16"]["test_sd"] is None
+    assert list(records) == ["mezo-lorafa-E16", "prge-q4-E16"]           # the paper's row order
+    assert not rp.spread_separates(prge, records["mezo-lorafa-E16"])      # one seed never separates
+    csv_path, md_path = rp.write_summary("table1", tmp_path)
+    assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text()
+    assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
+
+
+def test_committed_results_are_valid_and_their_summaries_recompute(tmp_path):
+    """Every committed grid result passes the schema, and a committed summary equals the one
+    recomputed from the JSON files (the tables chapter 7 reads cannot drift from their runs)."""
+    checked = 0
+    for grid in rp.GRIDS:
+        folder = rp.RESULTS / grid
+        if not folder.is_dir():
+            continue
+        results = rp.load_results(grid)       # validates every file
+        checked += len(results)
+        for r in results:
+            cell_name = r["_file"][:-len(".json")]
+            match = [c for c in rp.grid_cells(grid, r.get("cell", {}).get("profile", "cpu"),
+                                              seeds=[r["seed"]]) if c.name == cell_name]
+            assert match, f"{grid}/{r['_file']} is not a cell of grid {grid}"
+            assert not rp.cell_matches(match[0], r), f"{grid}/{r['_file']}: {rp.cell_matches(match[0], r)}"
+        if (folder / "summary.csv").is_file():
+            copy = tmp_path / grid
+            copy.mkdir()
+            for r in results:
+                target = copy / r["_file"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text((folder / r["_file"]).read_text())
+            csv_path, md_path = rp.write_summary(grid, tmp_path)
+            assert csv_path.read_text() == (folder / "summary.csv").read_text(), grid
+            assert md_path.read_text() == (folder / "summary.md").read_text(), grid
+    if not checked:
+        pytest.skip("no grid results committed yet")
+
+
+def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, capsys):
+    roots = ["--results-dir", str(tmp_path / "res"), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "table1", "--only", "sst2/prge-q4", "--list", *roots]) == 0
+    out = capsys.readouterr().out
+    assert "sst2/prge-q4-E16_lr1e-3_seed2" in out and "0/3 done" in out
+    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--dry-run", *roots]) == 0
+    assert "would run: prge reproduce table1 --profile cpu --only sst2/zeroshot_seed0" in capsys.readouterr().out
+    assert main(["reproduce", "table1", "--only", "nothing", *roots]) == 2
+    assert "no cell of grid 'table1' matches --only 'nothing'" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--seeds", "a,b", *roots]) == 2
+    assert "--seeds takes integers" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--summary", *roots]) == 2
+    assert "has no training results" in capsys.readouterr().err
+    # a tiny real run through the command line: the zero-shot cell of one seed
+    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--model", str(tiny_folder), *roots]) == 0
+    result = json.loads((tmp_path / "res" / "table1" / "sst2" / "zeroshot_seed0.json").read_text())
+    assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
