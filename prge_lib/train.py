@@ -48,6 +48,11 @@ _IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "
 _IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None}
 
 
+def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
+    """The order in which epoch ``epoch`` visits the ``n`` training examples: a seeded permutation."""
+    return random.Random(mix_seed(seed, 0xDA7A, epoch)).sample(range(n), n)
+
+
 class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good state is kept in the checkpoint."""
 
@@ -206,8 +211,7 @@ class Trainer:
 
     # ----- data order: a pure function of (seed, step)
     def epoch_order(self, epoch: int) -> list[int]:
-        n = len(self.items)
-        return random.Random(mix_seed(self.config.seed, 0xDA7A, epoch)).sample(range(n), n)
+        return epoch_order(self.config.seed, epoch, len(self.items))
 
     def epoch_position(self, t: int) -> tuple[int, int]:
         """(epoch, offset in that epoch's order) of step t's first example; a last partial batch is dropped."""

@@ -45,7 +45,7 @@ def test_train_writes_result_adapter_and_resumes(fixture_data, tiny_folder, tmp_
     result = json.loads(out.read_text())
     assert result["status"] == "finished" and result["steps"] == 4 and len(result["losses"]) == 4
     assert result["config"]["q"] == 2 and result["config"]["lr"] == 1e-3 and result["config"]["outer"] is True
-    assert result["provenance"]["command"].startswith("prge train") or result["provenance"]["command"]
+    assert result["provenance"]["command"].startswith("prge train --task sst2 --method prge")
     assert {"best_val", "final", "evals", "step_time_s", "data_notes"} <= set(result)
     from prge_lib.lora import read_adapter
     assert len(read_adapter(adapter)) == 2 * 2 * 7
