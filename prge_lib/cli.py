@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .config import fast_mode, seed_everything
 from .lora import DEFAULT_TARGETS
-from .provenance import provenance, record_command, write_result   # reads the commit now, before any work
+from .provenance import check_writable, provenance, record_command, write_result   # reads the commit now, before any work
 from .tasks import TASKS
 
 
@@ -368,10 +368,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options that name something the command writes: False a file, True a folder
+_OUTPUTS = {"out": False, "save_adapter": False, "checkpoint_dir": True, "results_dir": True,
+            "checkpoint_root": True}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     record_command(shlex.join(["prge", *argv]))
+    try:    # every output location is checked before any work starts
+        for name, folder in _OUTPUTS.items():
+            if getattr(args, name, None):
+                check_writable(getattr(args, name), folder, f"--{name.replace('_', '-')}")
+    except ValueError as err:
+        print(f"prge: error: {err}", file=sys.stderr)
+        return 2
     for name in ("n", "n_train", "n_val", "n_test", "repeats", "seq_len", "steps", "cpus_per_cell"):
         value = getattr(args, name, None)
         if value is not None and value < 1:

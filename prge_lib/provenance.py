@@ -87,6 +87,23 @@ def provenance(wall_time_s: float | None = None, command: str | None = None) -> 
     }
 
 
+def check_writable(path: str | os.PathLike, folder: bool = False, option: str = "the output") -> None:
+    """Refuse, before any work starts, an output location that cannot be written (a run must not compute for
+    minutes and then lose its result). ``folder``: the path is a folder to create or reuse."""
+    p = Path(path).expanduser()
+    if folder and p.exists() and not p.is_dir():
+        raise ValueError(f"{option} {path} is a file, not a folder; choose a folder path")
+    if not folder and p.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name inside it, e.g. {p / 'result.json'}")
+    probe = p if folder else p.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{option} {path} cannot be written: {probe} is a file, not a folder; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path} cannot be written: no write permission in {probe}")
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike):
     """Yield a temporary path beside ``path``; once the block finishes, it replaces ``path`` in one step,

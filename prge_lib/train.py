@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from .adapters import DEFAULT_R, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
+from .fo import OPTIMIZERS
 from .lora import DEFAULT_TARGETS, check_noise_source, inject_lorafa
 from .objective import collate, encode_example
 from .provenance import atomic_file
@@ -134,6 +135,8 @@ class TrainConfig:
         else:
             if c.batch_size < 1:
                 raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
+            if c.optimizer not in OPTIMIZERS:
+                raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
             c.q = c.E = c.eps = None
             c.inner = None
         if c.eval_every < 0 or c.checkpoint_every < 0:

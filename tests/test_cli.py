@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from prge_lib.cli import main
 
 
@@ -71,3 +73,37 @@ def test_bench_reports_times_memory_and_ratios(tiny_folder, tmp_path):
     assert {"prge_over_forward_2E", "mezo_over_prge", "mezo_structural_limit"} <= set(result["ratios"])
     assert result["provenance"]["wall_time_s"] > 0
     assert main(["bench", "--method", "nope", "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("command", [
+    ["zeroshot", "--task", "sst2", "--n", "10"],
+    ["train", "--task", "sst2", "--method", "prge"],
+    ["bench", "--method", "prge"],
+    ["export", "--task", "sst2"],
+    ["device-train", "--pte", "step.pte", "--task", "sst2"],
+    ["device-bench", "--pte", "step.pte"],
+])
+def test_an_unwritable_output_is_refused_before_any_work(command, tmp_path, capsys):
+    """An output path under an existing file fails at once, naming the path (it used to fail after the
+    whole computation, losing the result)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(command + ["--out", str(blocker / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'x.json'} cannot be written: {blocker} is a file, not a folder" in err
+    assert main(command + ["--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a folder; give a file name inside it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command,option", [
+    (["train", "--task", "sst2", "--method", "prge", "--out", "r.json"], "--checkpoint-dir"),
+    (["reproduce", "table1"], "--results-dir"),
+    (["reproduce", "table1"], "--checkpoint-root"),
+])
+def test_an_unwritable_folder_is_refused_before_any_work(command, option, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(command + [option, str(blocker)]) == 2
+    assert f"{option} {blocker} is a file, not a folder" in capsys.readouterr().err
+    assert main(command + [option, str(blocker / "sub")]) == 2
+    assert f"{option} {blocker / 'sub'} cannot be written" in capsys.readouterr().err

@@ -80,7 +80,6 @@ def test_exports_without_random_ops():
 def test_runs_in_the_executorch_runtime(tmp_path):
     """Lowered to an ExecuTorch program (portable kernels), the generator matches eager and takes its seed as
     an input: new draws per seed from one program, no custom operator."""
-    pytest.importorskip("executorch")
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
 

@@ -25,11 +25,19 @@ GOLDEN = {
     "squad": "Title: Some Title\nContext: The answer is 3 apples.\nQuestion: What is the answer?\nAnswer:",
 }
 
-LABEL_WORDS = {
-    "sst2": (" terrible", " great"), "rte": (" Yes", " No"), "qnli": (" Yes", " No"),
-    "mrpc": (" No", " Yes"), "qqp": (" No", " Yes"), "wnli": (" No", " Yes"), "boolq": (" No", " Yes"),
-    "wsc": (" No", " Yes"), "wic": (" No", " Yes"), "multirc": (" No", " Yes"), "cb": (" Yes", " No", " Maybe"),
+# The label names each hub dataset documents for its `label` column (its ClassLabel features, in id
+# order), and the answer word the templates mean by each name. The test derives the expected label words
+# from these two facts instead of restating the task table.
+HUB_LABEL_NAMES = {
+    "sst2": ("negative", "positive"), "rte": ("entailment", "not_entailment"),
+    "qnli": ("entailment", "not_entailment"), "mrpc": ("not_equivalent", "equivalent"),
+    "qqp": ("not_duplicate", "duplicate"), "wnli": ("not_entailment", "entailment"),
+    "boolq": ("False", "True"), "wsc": ("False", "True"), "wic": ("False", "True"),
+    "multirc": ("False", "True"), "cb": ("entailment", "contradiction", "neutral"),
 }
+ANSWER_FOR = {"negative": " terrible", "positive": " great", "entailment": " Yes", "not_entailment": " No",
+              "equivalent": " Yes", "not_equivalent": " No", "duplicate": " Yes", "not_duplicate": " No",
+              "True": " Yes", "False": " No", "contradiction": " No", "neutral": " Maybe"}
 
 
 def test_fourteen_tasks_of_three_kinds():
@@ -44,9 +52,13 @@ def test_template_golden_string(name):
     assert get_task(name).prompt(_row(name, 3)) == GOLDEN[name]
 
 
-@pytest.mark.parametrize("name", sorted(LABEL_WORDS))
+@pytest.mark.parametrize("name", sorted(HUB_LABEL_NAMES))
 def test_label_words_follow_the_hub_label_encoding(name):
-    assert get_task(name).label_words == LABEL_WORDS[name]
+    assert get_task(name).label_words == tuple(ANSWER_FOR[label] for label in HUB_LABEL_NAMES[name])
+
+
+def test_every_classification_task_has_documented_label_names():
+    assert sorted(HUB_LABEL_NAMES) == sorted(n for n, t in TASKS.items() if t.kind == "cls")
 
 
 def test_copa_options_join_premise_and_lower_cased_choice():
