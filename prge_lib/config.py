@@ -35,19 +35,32 @@ def pick(full, fast):
     return fast if fast_mode() else full
 
 
-def data_dir() -> Path | None:
-    """The local data folder (``PRGE_DATA_DIR``), or None to read the Hugging Face hub.
+HUB = "hub"   # PRGE_DATA_DIR=hub: read every split from the Hugging Face hub
 
-    The folder holds ``<hub dataset>/<config>/<split>.jsonl`` files in the hub's schema.
-    A setting that names a missing folder is an error, not a silent fallback to the hub.
+
+def data_dir() -> Path | None:
+    """The local data folder (``PRGE_DATA_DIR``), or None when the setting is unset or ``hub``.
+
+    The folder holds ``<hub dataset>/<config>/<split>.jsonl`` files in the hub's schema. Unset, the book
+    reads the task pools shipped in ``data/tasks`` (``prge_lib.data``); ``hub`` reads the hub.
+    A setting that names a missing folder is an error, not a silent fallback.
     """
     value = os.environ.get("PRGE_DATA_DIR", "").strip()
-    if not value:
+    if not value or value == HUB:
         return None
     path = Path(value).expanduser().resolve()
     if not path.is_dir():
-        raise FileNotFoundError(f"PRGE_DATA_DIR={value!r} is not a folder (resolved to {path})")
+        raise FileNotFoundError(f"PRGE_DATA_DIR={value!r} is not a folder (resolved to {path}); set it to "
+                                f"a data folder, to {HUB!r} for the Hugging Face hub, or unset it for the "
+                                f"task pools shipped with the book")
     return path
+
+
+def data_source() -> str:
+    """Where task data come from: "folder" (PRGE_DATA_DIR), "hub" (PRGE_DATA_DIR=hub) or "shipped"."""
+    if data_dir() is not None:
+        return "folder"
+    return HUB if os.environ.get("PRGE_DATA_DIR", "").strip() == HUB else "shipped"
 
 
 def cache_dir() -> Path:

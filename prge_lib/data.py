@@ -1,4 +1,4 @@
-"""Task data: read a split (local JSON Lines or the hub), sample the MeZO protocol splits, batch with
+"""Task data: read a split (a local folder of JSON Lines, the hub, or the pools shipped in data/tasks), sample the MeZO protocol splits, batch with
 left padding, and measure how much of a batch is padding (Gao et al. §3.1, Fig. 2/8; chapters 0 and 5).
 
 MeZO protocol (Malladi et al. 2023; Gao et al. §4.1): from the train split, a seeded sample of 1000 training
@@ -31,11 +31,16 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def load_split(task: Task, split: str, root: Path | None = None) -> list[dict]:
-    """Rows of one split in the hub's schema: ``<root>/<task.path>/<split>.jsonl`` or the hub.
+def load_split(task: Task, split: str, root: Path | None = None):
+    """Rows of one split in the hub's schema, as a sequence.
 
-    ``root`` defaults to ``PRGE_DATA_DIR``; when that is unset the rows come from ``datasets.load_dataset``.
+    From ``<root>/<task.path>/<split>.jsonl`` (``root`` defaults to the folder ``PRGE_DATA_DIR`` names); with
+    ``PRGE_DATA_DIR=hub`` from ``datasets.load_dataset``; unset, from the pool shipped with the book
+    (``prge_lib.pools``: the rows the protocol draws for seeds 0–4), or the hub where no pool exists.
     """
+    from .config import data_source
+    from .pools import read_pool
+
     root = data_dir() if root is None else Path(root)
     if root is not None:
         path = root / task.path / f"{split}.jsonl"
@@ -44,6 +49,10 @@ def load_split(task: Task, split: str, root: Path | None = None) -> list[dict]:
                 f"task {task.name!r}: looked for {path} and found no such file "
                 f"(data folder {root}; expected layout <dataset>/<config>/<split>.jsonl)")
         return read_jsonl(path)
+    if data_source() == "shipped":
+        pool = read_pool(task.path, split)
+        if pool is not None:
+            return pool
     return _load_from_hub(task, split)
 
 
@@ -55,9 +64,9 @@ def _load_from_hub(task: Task, split: str) -> list[dict]:
     repo, config = task.hub
     if not hub_reachable():
         raise DataUnavailableError(
-            f"task {task.name!r}: PRGE_DATA_DIR is not set and the Hugging Face hub is unreachable, so "
-            f"{repo} ({config}, split {split!r}) cannot be read. Point PRGE_DATA_DIR at a folder holding "
-            f"{task.path}/{split}.jsonl")
+            f"task {task.name!r}: the Hugging Face hub is unreachable, so {repo} ({config}, split "
+            f"{split!r}) cannot be read. Unset PRGE_DATA_DIR to use the pools shipped with the book, or "
+            f"point it at a folder holding {task.path}/{split}.jsonl")
     return list(datasets.load_dataset(repo, config, split=split))
 
 
@@ -84,13 +93,19 @@ class TaskData:
 def sample_task(task: Task, seed: int = 0, n_train: int = 1000, n_val: int = 500, n_test: int = 1000,
                 root: Path | None = None) -> TaskData:
     """Seeded, disjoint train / validation / test samples following the MeZO protocol (see module doc)."""
+    evaluation = load_split(task, "validation", root)
+    train_rows = load_split(task, "train", root) if "train" in task.splits else None
+    return sample_rows(task, train_rows, evaluation, seed, n_train, n_val, n_test)
+
+
+def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int = 1000, n_val: int = 500,
+                n_test: int = 1000) -> TaskData:
+    """:func:`sample_task` on splits already read (``train_rows`` None: the task has no train split)."""
     rng = random.Random(seed)
     notes = []
     if (n_train, n_val, n_test) != tuple(PROTOCOL.values()):
         notes.append(f"sizes {n_train}/{n_val}/{n_test} requested instead of the protocol's 1000/500/1000")
-    evaluation = load_split(task, "validation", root)
-    if "train" in task.splits:
-        train_rows = load_split(task, "train", root)
+    if train_rows is not None:
         order = rng.sample(range(len(train_rows)), len(train_rows))
         size = _shrunk({"train": n_train, "val": n_val}, len(train_rows))
         if size != {"train": n_train, "val": n_val}:

@@ -30,21 +30,21 @@ def test_data_dir_setting_must_be_a_folder(monkeypatch, tmp_path):
         data_dir()
 
 
-def test_without_data_dir_and_hub_the_error_says_what_to_set(monkeypatch):
-    monkeypatch.delenv("PRGE_DATA_DIR", raising=False)
+def test_an_unreachable_hub_error_says_what_to_set(monkeypatch):
+    monkeypatch.setenv("PRGE_DATA_DIR", "hub")
     monkeypatch.setattr("prge_lib.models.hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(DataUnavailableError, match="hub is unreachable.*PRGE_DATA_DIR.*glue/rte/train.jsonl"):
+    with pytest.raises(DataUnavailableError, match="hub is unreachable.*Unset PRGE_DATA_DIR.*glue/rte/train.jsonl"):
         load_split(get_task("rte"), "train")
 
 
-def test_without_data_dir_the_hub_is_read_through_datasets(monkeypatch):
+def test_data_dir_hub_reads_through_datasets(monkeypatch):
     calls = []
 
     def fake_load_dataset(repo, config, split):
         calls.append((repo, config, split))
         return [{"sentence": "a", "label": 1, "idx": 0}]
 
-    monkeypatch.delenv("PRGE_DATA_DIR", raising=False)
+    monkeypatch.setenv("PRGE_DATA_DIR", "hub")
     monkeypatch.setattr("prge_lib.models.hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
     assert load_split(get_task("sst2"), "validation") == [{"sentence": "a", "label": 1, "idx": 0}]
