@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from .objective import row_losses, synthetic_batch
+from .rge import check_zo_settings
 
 CONFIGS = {
     # name: (family, outer, inner)
@@ -163,9 +164,7 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
     from .prge import PRGE, MeZOFull
 
     family, outer, inner = CONFIGS[name]
-    if E % q:
-        raise ValueError(f"E = {E} must be a multiple of q = {q}")
-    rows = E // q
+    rows = check_zo_settings(q, E)
     if family == "inference":
         def step(t):
             with torch.no_grad():

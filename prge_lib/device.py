@@ -31,6 +31,7 @@ from torch import nn
 from .lora import LoRAFALinear, perturbed
 from .prge import PRGE, step_seeds
 from .prng import counter_normal
+from .rge import check_zo_settings
 from .objective import Batch, copy_losses
 
 
@@ -292,8 +293,7 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
     from .provenance import provenance, write_result
     from .tasks import get_task
 
-    if E % q:
-        raise ValueError(f"the effective batch E = {E} must be a multiple of q = {q}")
+    check_zo_settings(q, E, dtype=dtype)
     if dtype not in PROGRAM_DTYPES:
         raise ValueError(f"a program's weights can be {PROGRAM_DTYPES}, got {dtype!r} (bf16 breaks ZO: the "
                          f"perturbation ε·z falls below its 8-bit mantissa)")

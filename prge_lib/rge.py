@@ -98,6 +98,24 @@ def check_zo_dtype(params: Iterable[torch.Tensor], what: str = "zeroth-order tra
                 f"rounding noise (Guo et al. App. G.4). Load the model in fp32 or fp16 instead.")
 
 
+def check_zo_settings(q: int, E: int, eps: float | None = None, dtype: str | None = None) -> int:
+    """The settings checks every zeroth-order entry point shares (trainer, benchmark, exporter), each error
+    naming the bad value and what is allowed. Returns B = E / q, the rows per query."""
+    if dtype == "bf16":
+        raise ValueError(
+            "zeroth-order training refuses bf16: its 8-bit significand rounds θ ± ε·z back to θ for "
+            "most weights, so the loss difference measures rounding, not slope (Guo et al. App. G.4). "
+            "Use --dtype fp32 or fp16.")
+    if q < 1 or E < 1:
+        raise ValueError(f"q and E must be at least 1, got q = {q}, E = {E}")
+    if E % q:
+        raise ValueError(f"the effective batch E = {E} must be a multiple of q = {q} "
+                         f"(E = q·B with B rows per query); try E = {q * max(1, round(E / q))}")
+    if eps is not None and not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a positive number, got {eps}")
+    return E // q
+
+
 def rge(loss: Callable[[torch.Tensor], float], theta: torch.Tensor, q: int, eps: float,
         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Two-sided q-query RGE (Gao et al. eq. 1) of ``loss`` at the flat vector ``theta``.

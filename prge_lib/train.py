@@ -26,7 +26,7 @@ from .fo import OPTIMIZERS
 from .lora import DEFAULT_TARGETS, check_noise_source, inject_lorafa
 from .objective import collate, encode_example
 from .provenance import atomic_file
-from .rge import mix_seed
+from .rge import check_zo_settings, mix_seed
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
 ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
@@ -117,21 +117,9 @@ class TrainConfig:
         if not (c.lr > 0 and math.isfinite(c.lr)):
             raise ValueError(f"lr must be a positive number, got {c.lr}")
         if c.method in ZO_METHODS:
-            if c.dtype == "bf16":
-                raise ValueError(
-                    "zeroth-order training refuses bf16: its 8-bit significand rounds θ ± ε·z back to θ for "
-                    "most weights, so the loss difference measures rounding, not slope (Guo et al. App. G.4). "
-                    "Use --dtype fp32 or fp16.")
             if c.method == "mezo-lorafa" and c.q != 1:
                 raise ValueError(f"mezo-lorafa is P-RGE with q = 1; got q = {c.q} (use --method prge)")
-            if c.q < 1 or c.E < 1:
-                raise ValueError(f"q and E must be at least 1, got q = {c.q}, E = {c.E}")
-            if c.E % c.q:
-                raise ValueError(f"the effective batch E = {c.E} must be a multiple of q = {c.q} "
-                                 f"(E = q·B with B rows per query); try E = {c.q * max(1, round(c.E / c.q))}")
-            if not (c.eps > 0 and math.isfinite(c.eps)):
-                raise ValueError(f"eps must be a positive number, got {c.eps}")
-            c.batch_size = c.E // c.q
+            c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
         else:
             if c.batch_size < 1:
                 raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
