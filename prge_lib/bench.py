@@ -161,7 +161,8 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
     """(step(t), rows per query, forwards per step) for configuration ``name`` with q queries."""
     from .fo import FirstOrder
     from .lora import inject_lorafa
-    from .prge import PRGE, MeZOFull
+    from .mezo import MeZOFull
+    from .prge import PRGE
 
     family, outer, inner = CONFIGS[name]
     rows = check_zo_settings(q, E)
@@ -186,7 +187,7 @@ def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: i
     """One timing each of: a plain forward of E and 2E rows, the same through LoRA-FA layers (B = 0, no
     copies), and one MeZO perturbation pass over every weight (t_perturb; Gao et al. App. A)."""
     from .lora import inject_lorafa
-    from .rge import add_noise_
+    from .mezo import add_noise_
 
     params = [p for p in model.parameters() if p.dtype.is_floating_point]
     floor = {"weights": sum(p.numel() for p in params)}

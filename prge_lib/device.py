@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .lora import LoRAFALinear, perturbed
+from .lora import LoRAFALinear, keeping_noise, perturbed
 from .prge import PRGE, step_seeds
 from .prng import counter_normal
 from .rge import check_zo_settings
@@ -81,16 +81,11 @@ class TrainStep(nn.Module):
         # z_i for every layer in one draw per seed (the layers' counter ranges tile the adapter), kept for
         # the forward and the update: a small graph instead of one generator per layer, seed and use
         noise = [torch.split(counter_normal(s, 0, (sum(self.sizes),)), self.sizes) for s in seed_list]
-        for j, layer in enumerate(self.layers):
-            layer.kept = {s: z[j].reshape(self.shapes[j]) for s, z in zip(seed_list, noise)}
-        try:
-            copies = [(s, eps) for s in seed_list] + [(s, -eps) for s in seed_list]
-            with perturbed(self.layers, copies):
-                losses = torch.func.functional_call(self.loss, dict(zip(self.names, matrices)),
-                                                    (input_ids, attention_mask, targets), strict=False)
-        finally:
-            for layer in self.layers:
-                layer.kept = None
+        given = [{s: z[j].reshape(self.shapes[j]) for s, z in zip(seed_list, noise)} for j in range(len(self.layers))]
+        copies = [(s, eps) for s in seed_list] + [(s, -eps) for s in seed_list]
+        with keeping_noise(self.layers, given), perturbed(self.layers, copies):
+            losses = torch.func.functional_call(self.loss, dict(zip(self.names, matrices)),
+                                                (input_ids, attention_mask, targets), strict=False)
         losses = losses.reshape(2, self.q)
         g = (losses[0] - losses[1]) / (2 * eps)                                  # Alg. 1 line 11
         step = sum(gi * z for gi, z in zip(g.unbind(), (torch.cat(parts) for parts in noise)))

@@ -60,7 +60,7 @@ class LoRAFALinear(nn.Module):
         self.register_buffer("lora_A", a.to(device))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device))
         self.copies: list[tuple[int, float]] | None = None   # (seed, signed scale) per group, set by perturbed()
-        self.kept: dict[int, torch.Tensor] | None = None     # seed -> z, while a step keeps its noise
+        self.kept: dict[int, torch.Tensor] | None = None     # seed -> z, set by keeping_noise()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, r={self.r}, alpha={self.alpha}"
@@ -154,6 +154,19 @@ def perturbed(layers: Sequence[LoRAFALinear], copies: Sequence[tuple[int, float]
     finally:
         for layer in layers:
             layer.copies = None
+
+
+@contextmanager
+def keeping_noise(layers: Sequence[LoRAFALinear], given: Sequence[dict[int, torch.Tensor]] | None = None):
+    """Within the block every layer keeps each z it draws (seed -> z), so a step draws each z once; with
+    ``given``, layer j uses ``given[j]`` instead of drawing. Outside the block nothing is kept."""
+    for j, layer in enumerate(layers):
+        layer.kept = {} if given is None else given[j]
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.kept = None
 
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -13,15 +13,15 @@ settings compute the same numbers up to float rounding (tests/test_prge.py); the
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence
 
 import torch
 
-from .lora import LoRAFALinear, perturbed
-from .models import is_quantized
-from .objective import Batch, copy_losses, row_losses
-from .rge import check_zo_dtype, mezo_step, mix_seed
+from .lora import LoRAFALinear, keeping_noise, perturbed
+from .objective import Batch, copy_losses
+from .rge import check_zo_dtype, mix_seed
 
 
 def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
@@ -53,13 +53,8 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
     of memory during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
     """
     check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
-    for layer in layers:
-        layer.kept = {} if keep_noise else None
-    try:
+    with keeping_noise(layers) if keep_noise else contextlib.nullcontext():
         return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
-    finally:
-        for layer in layers:
-            layer.kept = None
 
 
 def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
@@ -111,27 +106,3 @@ class PRGE(ZerothOrder):
                         self.outer, self.inner, keep_noise=self.keep_noise)
         return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
                 "projected_grad": out["projected_grad"].tolist()}
-
-
-class MeZOFull(ZerothOrder):
-    """MeZO with the seed trick over every weight of the model, or a chosen subset (Gao et al. Alg. 3)."""
-
-    def __init__(self, model, q: int, eps: float, lr: float, seed: int = 0,
-                 params: dict[str, torch.Tensor] | None = None):
-        super().__init__(model, q, eps, lr, seed)
-        if params is None:
-            params = dict(model.named_parameters())   # tied weights appear once
-        if is_quantized(params.values()):
-            raise ValueError("MeZO (Full) perturbs every weight in place and cannot perturb INT8/NF4 "
-                             "quantized weights; use --quant none, or an adapter method (prge, mezo-lorafa)")
-        check_zo_dtype(params.values(), "MeZO")
-        self.params = params
-
-    def trainable(self):
-        return self.params
-
-    def step(self, batch: Batch, t: int) -> dict:
-        out = mezo_step(list(self.params.values()), lambda: row_losses(self.model, batch).mean(),
-                        step_seeds(self.seed, t, self.q), self.eps, self.lr)
-        return {"loss": (sum(out["loss_plus"]) + sum(out["loss_minus"])) / (2 * self.q),
-                "finite": out["finite"], "projected_grad": out["projected_grad"]}

@@ -4,9 +4,7 @@ RGE, Gao et al. eq. (1), for a loss L of parameters θ ∈ R^d:
 
     ĝ = (1/q) Σ_i  [L(θ + ε z_i) − L(θ − ε z_i)] / (2ε) · z_i,      z_i ~ N(0, I_d).
 
-MeZO (Malladi et al. 2023; Gao et al. Alg. 3) never stores z: it keeps the seed s_i and redraws z_i from it
-whenever it is needed (perturb +ε, perturb −2ε, restore +ε, update), so the extra memory is one chunk of
-noise however large the model. The price is four sequential passes over the parameters per query.
+MeZO's seed trick, which redraws z from its seed instead of storing it, is in :mod:`prge_lib.mezo`.
 
 All noise in the library comes from :func:`gaussian`: a draw is a pure function of (seed, index, shape), so
 MeZO on a parameter subset, P-RGE's LoRA-B copies and the trainer after a resume all see the same z. (LoRA-FA
@@ -19,7 +17,6 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-_CHUNK = 1 << 20   # largest number of noise elements drawn at once (4 MiB in fp32)
 _MIX = 0x9E3779B97F4A7C15
 
 
@@ -51,40 +48,6 @@ def gaussian(seed: int, index: int, shape: Sequence[int], device="cpu",
     gen = _generator(device)
     gen.manual_seed(mix_seed(seed, index, chunk))
     return torch.randn(tuple(shape), generator=gen, device=device, dtype=dtype)
-
-
-def _chunks(param: torch.Tensor):
-    """Row blocks of ``param`` holding at most ``_CHUNK`` elements (a 1-D or 0-D tensor is one block)."""
-    if param.dim() < 2 or param.numel() <= _CHUNK:
-        yield 0, param
-        return
-    rows = max(1, _CHUNK // (param.numel() // param.shape[0]))
-    for k, start in enumerate(range(0, param.shape[0], rows)):
-        yield k, param[start:start + rows]
-
-
-def add_noise_(params: Sequence[torch.Tensor], seed: int, scale: float) -> None:
-    """θ_j ← θ_j + scale · z_j for every tensor, z regenerated from ``seed`` (Gao et al. Alg. 3, l. 22–28).
-
-    The noise is drawn in chunks of at most 2^20 elements, so the extra memory is O(1) in the model size.
-    """
-    with torch.no_grad():
-        for index, param in enumerate(params):
-            for chunk, block in _chunks(param):
-                z = gaussian(seed, index, block.shape, block.device, torch.float32, chunk)
-                if block.dtype == torch.float32:
-                    block.add_(z, alpha=scale)
-                else:
-                    block.copy_((block.float() + scale * z).to(block.dtype))
-
-
-def explicit_noise(params: Sequence[torch.Tensor], seed: int) -> list[torch.Tensor]:
-    """The z that :func:`add_noise_` applies for ``seed``, materialised (for tests and chapter 3)."""
-    out = []
-    for index, param in enumerate(params):
-        blocks = [gaussian(seed, index, b.shape, param.device, torch.float32, k) for k, b in _chunks(param)]
-        out.append(torch.cat(blocks) if len(blocks) > 1 else blocks[0].reshape(param.shape))
-    return out
 
 
 def check_zo_dtype(params: Iterable[torch.Tensor], what: str = "zeroth-order training") -> None:
@@ -135,30 +98,3 @@ def rge(loss: Callable[[torch.Tensor], float], theta: torch.Tensor, q: int, eps:
 def rge_error_theory(d: int, q: int, grad_norm2: float) -> float:
     """E‖ĝ_q − g‖² = (d + 1)‖g‖² / q for the ε → 0 Gaussian estimator (chapter 2 derives it)."""
     return (d + 1) * grad_norm2 / q
-
-
-@torch.no_grad()
-def mezo_step(params: Sequence[torch.Tensor], loss: Callable[[], float], seeds: Sequence[int],
-              eps: float, lr: float) -> dict:
-    """One MeZO step with q = len(seeds) queries over ``params`` (Gao et al. Alg. 3).
-
-    For each seed: perturb +ε, evaluate, perturb −2ε, evaluate, perturb +ε (restore), g_i = (ℓ+ − ℓ−)/2ε.
-    Then θ ← θ − (lr/q) Σ_i g_i z_i, each z_i regenerated from its seed. ``loss`` evaluates the current
-    parameters on the step's batch. A non-finite loss cancels the update (the parameters are restored).
-    Returns the losses, the projected gradients and whether every loss was finite.
-    """
-    params = list(params)
-    check_zo_dtype(params, "MeZO")
-    plus, minus = [], []
-    for seed in seeds:
-        add_noise_(params, seed, eps)
-        plus.append(float(loss()))
-        add_noise_(params, seed, -2 * eps)
-        minus.append(float(loss()))
-        add_noise_(params, seed, eps)
-    grads = [(lp - lm) / (2 * eps) for lp, lm in zip(plus, minus)]
-    finite = all(math.isfinite(v) for v in plus + minus)
-    if finite:
-        for seed, g in zip(seeds, grads):
-            add_noise_(params, seed, -lr * g / len(seeds))
-    return {"loss_plus": plus, "loss_minus": minus, "projected_grad": grads, "finite": finite}

@@ -149,7 +149,8 @@ def build_method(config: TrainConfig, model):
     """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed; MeZO with an
     ``adapter`` runs over that peft space's trainable parameters, prge_lib.adapters)."""
     from .fo import FirstOrder
-    from .prge import PRGE, MeZOFull
+    from .mezo import MeZOFull
+    from .prge import PRGE
 
     c = config
     if c.method in ("fo", "fo-lorafa"):

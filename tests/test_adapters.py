@@ -7,7 +7,7 @@ import torch
 
 from prge_lib.adapters import ADAPTERS, TRAINED_NAMES, add_adapter, add_peft_lorafa, check_adapter
 from prge_lib.objective import row_losses, synthetic_batch
-from prge_lib.prge import MeZOFull
+from prge_lib.mezo import MeZOFull
 from prge_lib.train import TrainConfig
 
 from fixtures import small_trainer

@@ -5,8 +5,8 @@ from fixtures import randomize_b
 
 from prge_lib.lora import inject_lorafa, lorafa_layers
 from prge_lib.objective import row_losses, synthetic_batch
-from prge_lib.prge import PRGE, MeZOFull, forward_groups, prge_step, step_seeds
-from prge_lib.rge import explicit_noise, mezo_step
+from prge_lib.mezo import MeZOFull, explicit_noise, mezo_step
+from prge_lib.prge import PRGE, forward_groups, prge_step, step_seeds
 
 
 def _model_with_b(tiny_factory, seed=0, n_layers=2, **kw):
