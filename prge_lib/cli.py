@@ -51,16 +51,8 @@ def _train(args) -> int:
     from .lora import save_adapter
     from .train import TrainConfig, Trainer, TrainingDiverged
 
-    sizes = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test}
-    sizes = {k: v for k, v in sizes.items() if v is not None}
-    config = TrainConfig(task=args.task, method=args.method, adapter=args.adapter, steps=args.steps, lr=args.lr,
-                         eps=args.eps, q=args.q,
-                         E=args.E, batch_size=args.batch_size, outer=args.outer, inner=args.inner,
-                         keep_noise=args.keep_noise,
-                         optimizer=args.optimizer, r=args.r, alpha=args.alpha, targets=tuple(args.targets.split(",")),
-                         seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-                         max_length=args.max_length, model=args.model, dtype=args.dtype, quant=args.quant,
-                         device=args.device, **sizes)
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                            if hasattr(args, f.name)})
     config.resolved()      # refuse bad settings before loading anything
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
@@ -220,11 +212,35 @@ def _reproduce(args) -> int:
     return 0
 
 
+MODEL_OPTIONS = ("model", "dtype", "quant", "device")
+
+
 def _add_model_options(p) -> None:
-    p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    _add_config_options(p, MODEL_OPTIONS)
+
+
+def _add_config_options(p, names=None) -> None:
+    """Options built from TrainConfig's fields (all of them, or ``names``): each setting is declared once,
+    with its default, help and choices, in ``prge_lib.train.TrainConfig``."""
+    from .train import TrainConfig
+
+    for f in dataclasses.fields(TrainConfig):
+        if "help" not in f.metadata or (names is not None and f.name not in names):
+            continue
+        settings = {k: v for k, v in f.metadata.items() if k in ("help", "choices", "required")}
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if f.name == "task":
+            settings["help"] = f"one of: {', '.join(TASKS)}"
+        elif kind.startswith("bool"):
+            settings["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+            settings["default"] = f.default
+        elif kind.startswith("tuple"):
+            settings.update(type=lambda text: tuple(text.split(",")), default=f.default)
+        else:
+            settings.update(type=int if kind.startswith("int") else float if kind.startswith("float") else str,
+                            default=f.default)
+        p.add_argument(flag, **settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,42 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     zs.add_argument("--out", required=True, help="where to write the JSON result")
     zs.set_defaults(run=_zeroshot)
 
-    from .adapters import ADAPTERS
-    from .train import ADAPTER_DEFAULTS, DEFAULTS, METHODS
+    from .train import ADAPTER_DEFAULTS, DEFAULTS
     tr = sub.add_parser("train", help="fine-tune a task with one method and write a JSON result",
                         description="Defaults per method (Gao et al. App. C): " + "; ".join(
                             f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items()) for m, d in DEFAULTS.items())
                         + "; mezo with an adapter: " + ", ".join(f"{k}={v}" for k, v in ADAPTER_DEFAULTS.items()))
-    tr.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    tr.add_argument("--method", required=True, choices=METHODS)
-    tr.add_argument("--adapter", default="none", choices=ADAPTERS,
-                    help="mezo only: the parameter space, built with peft (default none: every weight; "
-                         "lora-fa freezes LoRA's A; chapter 4)")
-    tr.add_argument("--steps", type=int, default=1000)
-    tr.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
-    tr.add_argument("--eps", type=float, default=None, help="ZO perturbation scale ε")
-    tr.add_argument("--q", type=int, default=None, help="ZO queries per step")
-    tr.add_argument("--E", type=int, default=None, help="ZO effective batch E = q·B")
-    tr.add_argument("--batch-size", type=int, default=None, help="FO batch size")
-    tr.add_argument("--outer", action=argparse.BooleanOptionalAction, default=True,
-                    help="P-RGE: the q queries in one forward (default on)")
-    tr.add_argument("--inner", action=argparse.BooleanOptionalAction, default=None,
-                    help="P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
-    tr.add_argument("--keep-noise", action="store_true",
-                    help="P-RGE: keep each z from the forward for the update (faster, q·d floats of memory)")
-    tr.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="FO optimizer")
-    tr.add_argument("--r", type=int, default=None, help="adapter rank (default 16; VeRA 1024)")
-    tr.add_argument("--alpha", type=float, default=32, help="LoRA alpha")
-    tr.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--eval-every", type=int, default=100, help="validation every N steps (0: at the end)")
-    tr.add_argument("--n-train", type=int, default=None)
-    tr.add_argument("--n-val", type=int, default=None)
-    tr.add_argument("--n-test", type=int, default=None)
-    tr.add_argument("--max-length", type=int, default=None, help="truncate prompts to this many tokens")
-    _add_model_options(tr)
+    _add_config_options(tr)
     tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
-    tr.add_argument("--checkpoint-every", type=int, default=100)
     tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
     tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
     tr.add_argument("--out", required=True, help="where to write the JSON result")

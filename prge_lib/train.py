@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import DEFAULT_R, check_adapter
+from .adapters import ADAPTERS, DEFAULT_R, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
 from .fo import OPTIMIZERS
-from .lora import DEFAULT_TARGETS, check_noise_source, inject_lorafa
+from .lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
 from .objective import collate, encode_example
 from .provenance import atomic_file
 from .rge import check_zo_settings, mix_seed
@@ -58,39 +58,48 @@ class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good state is kept in the checkpoint."""
 
 
+def _option(default, help: str, **argparse_settings):
+    """A TrainConfig field that is also a ``prge train`` option (the CLI builds its options from these)."""
+    return field(default=default, metadata={"help": help, **argparse_settings})
+
+
 @dataclass
 class TrainConfig:
-    task: str
-    method: str = "prge"
-    adapter: str = "none"            # mezo only: the parameter space (prge_lib.adapters.ADAPTERS)
-    steps: int = 1000
-    lr: float | None = None          # None: the method's default (DEFAULTS)
-    eps: float | None = None         # ZO perturbation scale ε
-    q: int | None = None             # ZO queries per step
-    E: int | None = None             # ZO effective batch E = q·B (B rows per query)
-    batch_size: int | None = None    # FO rows per step
-    outer: bool = True               # P-RGE: the q queries in one forward
-    inner: bool | None = None        # P-RGE: +ε and −ε in one forward
-    keep_noise: bool = False         # P-RGE: keep z from the forward for the update (q·d floats)
-    noise: str = "torch"             # P-RGE: "counter" draws z with the generator a program can run
-    layers: int | None = None        # keep only the first N decoder layers (small exported programs)
-    program: str | None = None       # P-RGE: run each step in this ExecuTorch program (prge export)
-    optimizer: str = "adam"          # FO only; ZO methods are ZO-SGD
-    r: int | None = None             # adapter rank; None: 16 (VeRA: 1024, Gao et al. App. B)
-    alpha: float = 32
-    targets: tuple[str, ...] = DEFAULT_TARGETS
-    seed: int = 0
-    eval_every: int = 100            # 0: evaluate at the end only
-    n_train: int = PROTOCOL["n_train"]
-    n_val: int = PROTOCOL["n_val"]
-    n_test: int = PROTOCOL["n_test"]
-    max_length: int | None = None    # truncate prompts from the left
-    eval_batch_size: int = 16
-    checkpoint_every: int = 100
-    model: str | None = None
-    dtype: str = "fp32"
-    quant: str = "none"
-    device: str = "cpu"
+    task: str = field(metadata={"help": "the task (prge_lib.tasks.TASKS)", "required": True})
+    method: str = _option("prge", "the training method", choices=METHODS)
+    adapter: str = _option("none", "mezo only: the parameter space, built with peft (none: every weight; lora-fa "
+                                   "freezes LoRA's A; chapter 4)", choices=ADAPTERS)
+    steps: int = _option(1000, "training steps")
+    lr: float | None = _option(None, "learning rate (default: the method's)")
+    eps: float | None = _option(None, "ZO perturbation scale ε (default: the method's)")
+    q: int | None = _option(None, "ZO queries per step")
+    E: int | None = _option(None, "ZO effective batch E = q·B (B rows per query)")
+    batch_size: int | None = _option(None, "FO rows per step")
+    outer: bool = _option(True, "P-RGE: the q queries in one forward")
+    inner: bool | None = _option(None, "P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
+    keep_noise: bool = _option(False, "P-RGE: keep each z from the forward for the update (faster, q·d floats "
+                                      "of memory)")
+    noise: str = _option("torch", "P-RGE: where z comes from; counter: the generator an exported program runs",
+                         choices=NOISE_SOURCES)
+    layers: int | None = _option(None, "keep only the first N decoder layers (small exported programs)")
+    program: str | None = _option(None, "P-RGE: run each step in this ExecuTorch program (prge export); needs "
+                                        "--noise counter and --max-length")
+    optimizer: str = _option("adam", "FO optimizer (ZO methods are ZO-SGD)", choices=tuple(OPTIMIZERS))
+    r: int | None = _option(None, "adapter rank (default 16; VeRA 1024)")
+    alpha: float = _option(32, "LoRA alpha")
+    targets: tuple[str, ...] = _option(DEFAULT_TARGETS, "comma-separated projection names")
+    seed: int = _option(0, "data sample, adapter initialisation and noise")
+    eval_every: int = _option(100, "validation every N steps (0: at the end)")
+    n_train: int = _option(PROTOCOL["n_train"], "training examples")
+    n_val: int = _option(PROTOCOL["n_val"], "validation examples")
+    n_test: int = _option(PROTOCOL["n_test"], "test examples")
+    max_length: int | None = _option(None, "truncate prompts to this many tokens")
+    eval_batch_size: int = _option(16, "rows per evaluation forward")
+    checkpoint_every: int = _option(100, "steps between checkpoints")
+    model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
+    dtype: str = _option("fp32", "precision of the weights", choices=("fp32", "fp16", "bf16"))
+    quant: str = _option("none", "quantized base weights", choices=("none", "int8", "nf4"))
+    device: str = _option("cpu", "cpu or cuda")
     notes: list[str] = field(default_factory=list)
 
     def resolved(self) -> "TrainConfig":

@@ -107,3 +107,21 @@ def test_an_unwritable_folder_is_refused_before_any_work(command, option, tmp_pa
     assert f"{option} {blocker} is a file, not a folder" in capsys.readouterr().err
     assert main(command + [option, str(blocker / "sub")]) == 2
     assert f"{option} {blocker / 'sub'} cannot be written" in capsys.readouterr().err
+
+
+def test_train_options_are_the_train_config_fields():
+    """Each training setting is declared once, in TrainConfig; `prge train` offers every one of them."""
+    import dataclasses
+
+    from prge_lib.cli import build_parser
+    from prge_lib.train import TrainConfig
+
+    args = build_parser().parse_args(["train", "--task", "sst2", "--noise", "counter", "--layers", "2",
+                                      "--targets", "q_proj,v_proj", "--no-outer", "--out", "x.json"])
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if "help" in f.metadata}
+    assert fields <= set(vars(args)) and len(fields) >= 30
+    assert (args.noise, args.layers, args.targets, args.outer, args.method) == \
+        ("counter", 2, ("q_proj", "v_proj"), False, "prge")
+    defaults = build_parser().parse_args(["train", "--task", "sst2", "--out", "x.json"])
+    assert {name: getattr(defaults, name) for name in fields - {"task"}} == \
+        {name: getattr(TrainConfig("sst2"), name) for name in fields - {"task"}}
