@@ -57,7 +57,10 @@ def _train(args) -> int:
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
     start = time.perf_counter()
-    trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir)
+    builder = None
+    if config.program:      # every step in an exported program: the runtime host builds the method
+        from .runtime import build_program_method as builder
+    trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
     status, message = "finished", None
     try:
         result = trainer.run(resume=args.resume)
@@ -119,7 +122,7 @@ def _bench(args) -> int:
 
 
 def _export(args) -> int:
-    from .device import export_training_program
+    from .export import export_training_program
 
     record = export_training_program(args.task, args.out, model=args.model, layers=args.layers, q=args.q,
                                      E=args.E, seq_len=args.seq_len, r=args.r, alpha=args.alpha,
@@ -133,7 +136,8 @@ def _export(args) -> int:
 
 
 def _device_train(args) -> int:
-    from .device import read_program_meta, train_in_runtime
+    from .export import read_program_meta
+    from .runtime import train_in_runtime
 
     if read_program_meta(args.pte)["settings"]["task"] != args.task:
         print(f"prge: note: the program was exported for another task; training it on {args.task}",
@@ -159,7 +163,7 @@ def _device_train(args) -> int:
 
 
 def _device_bench(args) -> int:
-    from .device import read_program_meta
+    from .export import read_program_meta
     from .program_bench import compare, profile
 
     start = time.perf_counter()

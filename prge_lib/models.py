@@ -181,3 +181,15 @@ def _say_int8_cast_once() -> None:
     logger = logging.getLogger("bitsandbytes.autograd._functions")
     if not any(isinstance(f, _OnceFilter) for f in logger.filters):
         logger.addFilter(_OnceFilter())
+
+
+def truncate_layers(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """Keep the first ``layers`` decoder layers (a smaller program for tests and fast mode)."""
+    total = len(model.model.layers)
+    if not 1 <= layers <= total:
+        raise ValueError(f"layers must be between 1 and {total} for this model, got {layers}")
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    return model

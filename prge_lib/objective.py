@@ -86,3 +86,22 @@ def row_losses(model, batch: Batch) -> torch.Tensor:
 def copy_losses(model, batch: Batch, n: int) -> torch.Tensor:
     """Loss of each of the n copies in a batch made by ``Batch.repeat(n)``: a (n,) tensor."""
     return row_losses(model, batch).reshape(n, -1).mean(1)
+
+
+def fit_width(batch: Batch, width: int, pad_id: int, target_width: int | None = None) -> Batch:
+    """Left-pad (or cut from the left) every row to exactly ``width`` tokens, and the targets to
+    ``target_width`` columns: a program has fixed shapes. The answer sits at the right end, so cutting from
+    the left never loses it."""
+    length = batch.input_ids.shape[1]
+    if length >= width:
+        ids, mask = batch.input_ids[:, -width:], batch.attention_mask[:, -width:]
+    else:
+        ids = torch.nn.functional.pad(batch.input_ids, (width - length, 0), value=pad_id)
+        mask = torch.nn.functional.pad(batch.attention_mask, (width - length, 0), value=0)
+    targets = batch.targets
+    if target_width is not None:
+        if targets.shape[1] > target_width:
+            raise ValueError(f"a target of {targets.shape[1]} tokens does not fit the program's "
+                             f"{target_width}; export with a larger target width")
+        targets = torch.nn.functional.pad(targets, (target_width - targets.shape[1], 0), value=IGNORE)
+    return Batch(ids, mask, targets)

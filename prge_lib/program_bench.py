@@ -36,7 +36,8 @@ def program_inputs(settings: dict, seed: int = 0) -> list:
 
 
 def _eager_step(settings: dict):
-    from .device import TrainStep, truncate_layers
+    from .models import truncate_layers
+    from .program import TrainStep
     from .lora import inject_lorafa
     from .models import load_model
 
@@ -50,7 +51,8 @@ def _eager_step(settings: dict):
 
 def _measure(job: dict) -> dict:
     """In a fresh process: load one side, then time ``repeats`` steps after ``warmup`` and meter memory."""
-    from .device import RuntimeStep, read_program_meta
+    from .export import read_program_meta
+    from .runtime import RuntimeStep
 
     torch.set_grad_enabled(False)
     settings = read_program_meta(job["pte"])["settings"]
@@ -97,7 +99,8 @@ def profile(pte, steps: int = 2, workdir=None) -> dict:
 
     from executorch.devtools import Inspector
 
-    from .device import RuntimeStep, read_program_meta
+    from .export import read_program_meta
+    from .runtime import RuntimeStep
 
     inputs = program_inputs(read_program_meta(pte)["settings"])
     step = RuntimeStep(pte, etdump=True)

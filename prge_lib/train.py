@@ -24,6 +24,7 @@ from .adapters import ADAPTERS, DEFAULT_R, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
 from .fo import OPTIMIZERS
 from .lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
+from .models import load_model, truncate_layers
 from .objective import collate, encode_example
 from .provenance import atomic_file
 from .rge import check_zo_settings, mix_seed
@@ -172,27 +173,29 @@ def build_method(config: TrainConfig, model):
         from .adapters import add_adapter
         model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
         return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
+    if c.program is not None:
+        raise ValueError("a config with a program trains through the runtime host: Trainer(config, "
+                         "method_builder=prge_lib.runtime.build_program_method), or prge device-train")
     if c.layers is not None:
-        from .device import truncate_layers
         truncate_layers(model, c.layers)
     layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed, noise=c.noise)
-    if c.program is not None:
-        from .device import ProgramPRGE
-        return ProgramPRGE(model, layers, c.program, c.q, c.eps, c.lr, c.seed, c.max_length)
     return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
 
 
 class Trainer:
-    """Train ``config.method`` on ``config.task``; see the module docstring for the protocol."""
+    """Train ``config.method`` on ``config.task``; see the module docstring for the protocol.
+
+    ``method_builder(config, model)`` makes the method object (default :func:`build_method`); the runtime
+    host passes its own, whose steps run in an exported program (``prge_lib.runtime``)."""
 
     def __init__(self, config: TrainConfig, model=None, tokenizer=None, data: TaskData | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None, progress: bool = True):
+                 checkpoint_dir: str | os.PathLike | None = None, progress: bool = True,
+                 method_builder=None):
         from .tasks import get_task
 
         self.config = config.resolved()
         self.task = get_task(self.config.task)
         if model is None or tokenizer is None:
-            from .models import load_model
             model, tokenizer = load_model(self.config.model, dtype=self.config.dtype,
                                           quant=self.config.quant, device=self.config.device)
         self.tokenizer = tokenizer
@@ -201,7 +204,7 @@ class Trainer:
         if len(self.data.train) < c.batch_size:
             raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
-        self.method = build_method(c, model)
+        self.method = (method_builder or build_method)(c, model)
         self.model = self.method.model
         self.device = next(self.model.parameters()).device
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None

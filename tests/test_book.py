@@ -11,7 +11,6 @@ the notebooks already executed and does not run them again.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import runpy

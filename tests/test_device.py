@@ -1,4 +1,4 @@
-"""The exportable P-RGE step (prge_lib.device): same step as the eager engine, exports without random
+"""The exportable P-RGE step (prge_lib.program, .export, .runtime): same step as the eager engine, exports without random
 operators, and runs in the ExecuTorch runtime with the eager trajectory."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from prge_lib.device import TrainStep
+from prge_lib.program import TrainStep
 from prge_lib.lora import inject_lorafa
 from prge_lib.objective import Batch
 from prge_lib.prge import prge_step, step_seeds
@@ -163,7 +163,7 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
                           "--out", str(tmp_path / "resumed.json")]) == 0
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     assert resumed["losses"] == result["losses"]
-    from prge_lib.device import TrainStep, truncate_layers
+    from prge_lib.models import truncate_layers
     from prge_lib.lora import load_adapter, read_adapter
     from prge_lib.models import load_model
 
@@ -199,6 +199,7 @@ def test_device_bench_compares_runtime_and_eager(fixture_data, tiny_folder, tmp_
 
 
 def test_program_refuses_other_settings(fixture_data, tiny_folder, tiny_program, monkeypatch):
+    from prge_lib.runtime import build_program_method
     from prge_lib.train import TrainConfig, Trainer
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
@@ -206,13 +207,15 @@ def test_program_refuses_other_settings(fixture_data, tiny_folder, tiny_program,
     config = TrainConfig(task="sst2", method="prge", q=4, E=4, noise="counter", layers=1, max_length=24,
                          model=str(tiny_folder), program=str(pte), n_train=40, n_val=8, n_test=8)
     with pytest.raises(ValueError, match="other settings"):
+        Trainer(config, method_builder=build_program_method)
+    with pytest.raises(ValueError, match="trains through the runtime host"):   # the trainer alone cannot
         Trainer(config)
     with pytest.raises(ValueError, match="counter"):
         TrainConfig(task="sst2", method="prge", program=str(pte), max_length=24).resolved()
 
 
 def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path):
-    from prge_lib.device import train_in_runtime
+    from prge_lib.runtime import train_in_runtime
 
     with pytest.raises(ValueError, match="checkpoint_dir"):
         train_in_runtime(tiny_program, "sst2", 4, resume=True)
@@ -223,7 +226,8 @@ def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path
 def test_fp16_program_keeps_the_adapter_in_fp32(fixture_data, tiny_folder, tmp_path, monkeypatch):
     """`--dtype fp16` halves the frozen weights; the adapter input and output stay fp32 and the runtime
     follows eager fp16 P-RGE; bf16 is refused."""
-    from prge_lib.device import export_training_program, train_in_runtime
+    from prge_lib.export import export_training_program
+    from prge_lib.runtime import train_in_runtime
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     with pytest.raises(ValueError, match="bf16"):
