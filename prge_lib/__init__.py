@@ -6,8 +6,9 @@ INT8/NF4), ``tasks`` (the 14 tasks and their templates), ``data`` (MeZO sampling
 cross-entropy, batches), ``rge`` (RGE, seeded noise, the ZO settings checks), ``mezo`` (MeZO's seed trick and
 MeZO over any tensors), ``lora`` (LoRA-FA with n copies of B), ``prge`` (the P-RGE step), ``adapters`` (peft
 parameter spaces), ``fo`` (first-order baselines), ``train`` (the trainer: checkpoints, resume, results),
-``reproduce`` (the papers' tables as resumable grids), ``bench`` (step time and peak memory), ``prng``,
-``program``, ``export`` and ``runtime`` (the exportable step, its export, the ExecuTorch runtime host), ``provenance`` (what result files record),
+``reproduce`` (the papers' tables as resumable grids), ``measure`` (timing and peak memory), ``bench`` (the
+method benchmarks), ``prng``, ``program``, ``export`` and ``runtime`` (the counter generator, the exportable
+step, its export, the ExecuTorch runtime host), ``program_bench``, ``provenance`` (what result files record),
 ``cli`` (``prge``).
 """
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ each batch only to its own longest row. Comparing a runtime run with an eager tr
 things; here both sides get the same random batch of the program's shapes. Each side runs in a fresh process
 (``python -m prge_lib.program_bench``) so that its memory is its own. Memory is the resident set: after loading
 (Python, torch and the weights or the program included) and the peak during the steps above that level
-(:class:`prge_lib.bench.PeakMemory`). On a phone the C++ runtime needs neither Python nor torch, so the load
+(:class:`prge_lib.measure.PeakMemory`). On a phone the C++ runtime needs neither Python nor torch, so the load
 figure is an upper bound there.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from .bench import PeakMemory, _status_kib, in_fresh_process, time_steps
+from .measure import PeakMemory, in_fresh_process, status_kib, time_steps
 
 
 def program_inputs(settings: dict, seed: int = 0) -> list:
@@ -57,12 +57,12 @@ def _measure(job: dict) -> dict:
     torch.set_grad_enabled(False)
     settings = read_program_meta(job["pte"])["settings"]
     inputs = program_inputs(settings)
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     start = time.perf_counter()
     step = RuntimeStep(job["pte"]) if job["side"] == "runtime" else _eager_step(settings)
     load_s = time.perf_counter() - start
     step(*inputs)                                  # first call: pages the weights in, plans memory
-    loaded = _status_kib("VmRSS")
+    loaded = status_kib("VmRSS")
     meter = PeakMemory(torch.device("cpu"))
     meter.start()
     times = time_steps(lambda t: step(*inputs), job["repeats"], job["warmup"], cuda=False)

@@ -1,0 +1,115 @@
+"""The measuring toolkit behind every benchmark: wall time of steps, peak memory (CPU resident set or CUDA
+allocator), and a measurement in a fresh process (chapters 1, 3, 5, 6, 10).
+
+Memory on a CPU is the process's resident set: its high-water mark (``VmHWM``, reset through
+``/proc/self/clear_refs``) combined with a thread sampling it every millisecond; on a GPU the CUDA
+allocator's peak. Ratios of times are meaningful only within one run on one otherwise idle machine.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import torch
+
+
+def status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)   # hand freed heap pages back, so RSS reflects live memory
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """Peak memory above the level at ``start()``, in MiB (CPU: resident set; CUDA: allocator).
+
+    On a CPU two readings are combined: the kernel's high-water mark (``VmHWM``, reset through
+    ``/proc/self/clear_refs``), which Linux refreshes only at some events (unmapping memory, exit), and a
+    thread sampling the resident set every millisecond, which catches peaks the high-water mark misses.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._stop = threading.Event()
+        self._sampled = 0
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE") // 1024
+        while not self._stop.is_set():
+            try:
+                with open("/proc/self/statm") as f:
+                    self._sampled = max(self._sampled, int(f.read().split()[1]) * page)
+            except OSError:
+                return
+            self._stop.wait(0.001)
+
+    def start(self) -> None:
+        release_memory()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return
+        self.base = status_kib("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")           # resets VmHWM to the current resident set (Linux)
+        except OSError:
+            pass
+        self._sampled = self.base or 0
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def peak_mib(self) -> float | None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        self._stop.set()
+        self._thread.join()
+        top = max(status_kib("VmHWM") or 0, self._sampled)
+        return None if self.base is None or not top else (top - self.base) / 1024
+
+
+def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: bool, first: int = 0) -> list[float]:
+    """Wall times of ``repeats`` calls step(t) after ``warmup`` untimed ones (t counts from ``first``)."""
+    times = []
+    for t in range(first, first + warmup + repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(t)
+        if cuda:
+            torch.cuda.synchronize()
+        if t >= first + warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def in_fresh_process(module: str, job: dict, what: str) -> dict:
+    """Run ``python -m module <job as JSON>`` and return the JSON object its last stdout line prints: a
+    measurement whose memory is its own. ``what`` names it in the error if the worker fails."""
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(job)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
