@@ -10,15 +10,23 @@ configuration. Ratios between configurations are meaningful only within one run 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 from typing import Callable
 
 import torch
 
+from .data import sample_task
+from .fo import FirstOrder
+from .lora import inject_lorafa
 from .measure import PeakMemory, in_fresh_process, release_memory, time_steps
-from .objective import row_losses, synthetic_batch
+from .mezo import MeZOFull, add_noise_
+from .models import load_model
+from .objective import collate, encode_example, row_losses, synthetic_batch
+from .prge import PRGE
 from .rge import check_zo_settings
+from .tasks import get_task
 
 CONFIGS = {
     # name: (family, outer, inner)
@@ -44,9 +52,6 @@ class BatchSource:
         self.vocab_size, self.seq_len, self.seed, self.device = vocab_size, seq_len, seed, device
         self.items, self.pad_id = None, None
         if task is not None:
-            from .data import sample_task
-            from .objective import encode_example
-            from .tasks import get_task
 
             spec = get_task(task)
             data = sample_task(spec, seed)
@@ -59,19 +64,13 @@ class BatchSource:
             if rows not in self._fixed:
                 self._fixed[rows] = synthetic_batch(rows, self.seq_len, self.vocab_size).to(self.device)
             return self._fixed[rows]
-        import random
 
-        from .objective import collate
         picks = random.Random(self.seed * 1_000_003 + t).sample(range(len(self.items)), rows)
         return collate([self.items[i] for i in picks], self.pad_id).to(self.device)
 
 
 def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: float, lr: float):
     """(step(t), rows per query, forwards per step) for configuration ``name`` with q queries."""
-    from .fo import FirstOrder
-    from .lora import inject_lorafa
-    from .mezo import MeZOFull
-    from .prge import PRGE
 
     family, outer, inner = CONFIGS[name]
     rows = check_zo_settings(q, E)
@@ -95,8 +94,6 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
 def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: int) -> dict:
     """One timing each of: a plain forward of E and 2E rows, the same through LoRA-FA layers (B = 0, no
     copies), and one MeZO perturbation pass over every weight (t_perturb; Gao et al. App. A)."""
-    from .lora import inject_lorafa
-    from .mezo import add_noise_
 
     params = [p for p in model.parameters() if p.dtype.is_floating_point]
     floor = {"weights": sum(p.numel() for p in params)}
@@ -126,7 +123,6 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     the allocator reuses memory freed by earlier configurations and hides later peaks.
     With ``task`` the batches are real training batches.
     """
-    from .models import load_model
 
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -185,7 +181,6 @@ def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, war
 
 
 def _measure_peak(job: dict) -> float | None:
-    from .models import load_model
 
     model, tokenizer = load_model(**job["model"])
     device = next(model.parameters()).device

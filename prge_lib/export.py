@@ -9,9 +9,14 @@ from pathlib import Path
 
 import torch
 
-from .models import truncate_layers
+from .data import sample_task
+from .lora import DEFAULT_TARGETS, inject_lorafa
+from .models import load_model, truncate_layers
+from .objective import encode_example
 from .program import TrainStep
+from .provenance import atomic_file, provenance, write_result
 from .rge import check_zo_settings
+from .tasks import get_task
 
 BACKENDS = ("xnnpack", "portable")
 PROGRAM_DTYPES = ("fp32", "fp16")
@@ -32,8 +37,6 @@ def export_program(step: TrainStep, inputs: tuple, path, backend: str = "xnnpack
     """torch.export → ExecuTorch (XNNPACK-delegated or portable kernels) → ``path`` (.pte).
     Returns the timings, the file size and the operators of the exported graph."""
     from executorch.exir import to_edge_transform_and_lower
-
-    from .provenance import atomic_file
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
@@ -80,12 +83,6 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
 
     ``dtype`` is the frozen weights' precision (fp32 or fp16); the adapter, its noise and the update stay
     fp32 (chapter 10, "fp16 in the program?")."""
-    from .data import sample_task
-    from .lora import DEFAULT_TARGETS, inject_lorafa
-    from .models import load_model
-    from .objective import encode_example
-    from .provenance import provenance, write_result
-    from .tasks import get_task
 
     check_zo_settings(q, E, dtype=dtype)
     if dtype not in PROGRAM_DTYPES:

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from .prng import counter_normal
+from .provenance import atomic_file
 from .rge import gaussian
 
 # Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
@@ -200,8 +201,6 @@ def load_adapter(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 def save_adapter(model: nn.Module, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
     """Write the adapter as safetensors (atomically)."""
     from safetensors.torch import save_file
-
-    from .provenance import atomic_file
 
     with atomic_file(path) as tmp:
         save_file(adapter_state(model), str(tmp), metadata=metadata)

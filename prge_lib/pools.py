@@ -18,7 +18,9 @@ import lzma
 from collections.abc import Sequence
 from pathlib import Path
 
+from .config import data_dir
 from .data import DataUnavailableError
+from .provenance import atomic_file
 
 REPO = Path(__file__).resolve().parent.parent
 POOL_DIR = REPO / "data" / "tasks"
@@ -76,7 +78,6 @@ def read_pool(task_path: str, split: str, root: Path = POOL_DIR) -> PooledSplit 
 
 def write_pool(path: Path, n_rows: int, rows: dict[int, dict], seeds: Sequence[int], source: str) -> Path:
     """Write a pool: a header line, then one ``{"i": position, "row": …}`` line per row, by position."""
-    from .provenance import atomic_file
 
     with atomic_file(path) as tmp:
         with lzma.open(tmp, "wt", encoding="utf-8", preset=9) as f:
@@ -103,7 +104,6 @@ class RecordingSplit(Sequence):
 def open_text(name: str):
     """Open a text sample for reading: ``<PRGE_DATA_DIR>/text/<name>`` when a data folder is set, else the
     sample shipped in ``data/text/<name>.xz`` (``c4_sample.jsonl``, ``wikitext-2-raw-test.txt``)."""
-    from .config import data_dir
 
     root = data_dir()
     path = root / "text" / name if root is not None else TEXT_DIR / f"{name}.xz"

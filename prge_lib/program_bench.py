@@ -15,11 +15,18 @@ import collections
 import json
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 
 import torch
 
+from .export import read_program_meta
+from .lora import inject_lorafa
 from .measure import PeakMemory, in_fresh_process, status_kib, time_steps
+from .models import load_model, truncate_layers
+from .program import TrainStep
+from .runtime import RuntimeStep
 
 
 def program_inputs(settings: dict, seed: int = 0) -> list:
@@ -36,10 +43,6 @@ def program_inputs(settings: dict, seed: int = 0) -> list:
 
 
 def _eager_step(settings: dict):
-    from .models import truncate_layers
-    from .program import TrainStep
-    from .lora import inject_lorafa
-    from .models import load_model
 
     net, _ = load_model(settings["model"], dtype=settings.get("dtype", "fp32"))
     if settings["truncated"]:
@@ -51,8 +54,6 @@ def _eager_step(settings: dict):
 
 def _measure(job: dict) -> dict:
     """In a fresh process: load one side, then time ``repeats`` steps after ``warmup`` and meter memory."""
-    from .export import read_program_meta
-    from .runtime import RuntimeStep
 
     torch.set_grad_enabled(False)
     settings = read_program_meta(job["pte"])["settings"]
@@ -94,13 +95,9 @@ def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
 def profile(pte, steps: int = 2, workdir=None) -> dict:
     """Where the runtime spends a step, from its ETDump trace: milliseconds per step in XNNPACK-delegated
     work and in operators run by the portable kernels, and the largest entries of each."""
-    import tempfile
     from pathlib import Path
 
     from executorch.devtools import Inspector
-
-    from .export import read_program_meta
-    from .runtime import RuntimeStep
 
     inputs = program_inputs(read_program_meta(pte)["settings"])
     step = RuntimeStep(pte, etdump=True)
@@ -110,7 +107,6 @@ def profile(pte, steps: int = 2, workdir=None) -> dict:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         trace = Path(tmp) / "trace.etdp"
         step.program.write_etdump_result_to_file(str(trace), str(Path(tmp) / "debug.bin"))
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # "no debug buffer": we record timings only
             inspector = Inspector(etdump_path=str(trace))

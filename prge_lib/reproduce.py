@@ -16,7 +16,9 @@ Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states both.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import os
 import statistics
@@ -24,6 +26,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
+
+from .bench import bench
+from .data import sample_task
+from .evaluate import zero_shot
+from .models import load_model
+from .provenance import atomic_file, provenance, write_result
+from .tasks import get_task
+from .train import TrainConfig, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "data" / "results"
@@ -226,7 +236,6 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINT
     """Run one cell (resuming its checkpoint if one exists) and write its result; return the result path.
 
     An existing result made with other settings is an error, not something to overwrite silently."""
-    from .provenance import provenance, write_result
 
     path = cell.result_path(results)
     if path.is_file():
@@ -254,7 +263,6 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINT
 
 
 def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool) -> dict:
-    from .train import TrainConfig, Trainer
 
     config = TrainConfig(**cell.config())
     trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
@@ -265,10 +273,6 @@ def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool) -> dict:
 
 
 def _run_zeroshot(cell: Cell) -> dict:
-    from .data import sample_task
-    from .evaluate import zero_shot
-    from .models import load_model
-    from .tasks import get_task
 
     c = cell.config()
     task = get_task(c["task"])
@@ -286,7 +290,6 @@ def _run_zeroshot(cell: Cell) -> dict:
 
 
 def _run_bench(cell: Cell) -> dict:
-    from .bench import bench
 
     c = cell.config()
     spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
@@ -447,10 +450,6 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
 
 def write_summary(grid: str, results: Path = RESULTS) -> tuple[Path, Path]:
     """``summary.csv`` and ``summary.md`` in the grid's folder, from :func:`summarize`."""
-    import csv
-    import io
-
-    from .provenance import atomic_file
 
     records = summarize(grid, results)
     if not records:

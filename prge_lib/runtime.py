@@ -8,6 +8,7 @@ optionally the eager twin with the same seeds for the per-step parity check.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .export import read_program_meta
+from .lora import save_adapter
 from .objective import Batch, fit_width
 from .prge import PRGE, step_seeds
 from .program import TrainStep
@@ -28,7 +30,6 @@ def without_cpu_probe_chatter():
     """Drop the lines the runtime logs while XNNPACK probes the CPU at load time ("[cpuinfo_utils.cpp:71]
     Reading file ..."); anything else it writes is passed on. The runtime writes to file descriptor 2, or
     through Python's ``sys.stderr`` when that is not a file (in a notebook), so both are captured."""
-    import io
 
     sys.stderr.flush()
     saved_fd, saved_stream, text = os.dup(2), sys.stderr, io.StringIO()
@@ -113,7 +114,6 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     gains ``parity``: the relative difference of the per-step losses (the paper's sanity check). Checkpoints
     go to ``checkpoint_dir`` (the eager twin's to its ``eager/`` subfolder); ``resume`` continues from them
     with a freshly loaded program. ``sizes``: n_train, n_val, n_test."""
-    from .lora import save_adapter
 
     meta = read_program_meta(pte)
     s = meta["settings"]

@@ -20,14 +20,18 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import ADAPTERS, DEFAULT_R, check_adapter
+from .adapters import ADAPTERS, DEFAULT_R, add_adapter, check_adapter
 from .data import PROTOCOL, TaskData, sample_task
-from .fo import OPTIMIZERS
+from .evaluate import zero_shot
+from .fo import OPTIMIZERS, FirstOrder
 from .lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
+from .mezo import MeZOFull
 from .models import load_model, truncate_layers
 from .objective import collate, encode_example
+from .prge import PRGE
 from .provenance import atomic_file
 from .rge import check_zo_settings, mix_seed
+from .tasks import get_task
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
 ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
@@ -158,9 +162,6 @@ class TrainConfig:
 def build_method(config: TrainConfig, model):
     """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed; MeZO with an
     ``adapter`` runs over that peft space's trainable parameters, prge_lib.adapters)."""
-    from .fo import FirstOrder
-    from .mezo import MeZOFull
-    from .prge import PRGE
 
     c = config
     if c.method in ("fo", "fo-lorafa"):
@@ -170,7 +171,6 @@ def build_method(config: TrainConfig, model):
     if c.method == "mezo":
         if c.adapter == "none":
             return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
-        from .adapters import add_adapter
         model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
         return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
     if c.program is not None:
@@ -191,7 +191,6 @@ class Trainer:
     def __init__(self, config: TrainConfig, model=None, tokenizer=None, data: TaskData | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, progress: bool = True,
                  method_builder=None):
-        from .tasks import get_task
 
         self.config = config.resolved()
         self.task = get_task(self.config.task)
@@ -232,7 +231,6 @@ class Trainer:
 
     # ----- evaluation
     def evaluate(self, examples: list[dict]) -> float:
-        from .evaluate import zero_shot
 
         start = time.perf_counter()
         value = zero_shot(self.task, self.model, self.tokenizer, examples, self.config.eval_batch_size)["value"]
