@@ -247,7 +247,9 @@ def test_unavailable_device_is_refused_by_name():
     from prge_lib.models import check_device
 
     check_device("cpu")
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        check_device("cuda")                 # on a GPU machine the Jetson path is accepted
+    else:
         with pytest.raises(ValueError, match="no CUDA device"):
             check_device("cuda")
     with pytest.raises(ValueError, match="choose cpu or cuda"):
