@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # options that name something the command writes: False a file, True a folder
-_OUTPUTS = {"out": False, "save_adapter": False, "checkpoint_dir": True, "results_dir": True,
+_OUTPUTS = {"out": False, "save_adapter": False, "checkpoint_dir": True, "results_dir": True, "mmap_dir": True,
             "checkpoint_root": True}
 
 
@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"prge: --{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.command != "train" and hasattr(args, "quant"):
+        args.quant = args.quant or "none"     # only training methods choose their own default
     if fast_mode():
         print("prge: fast mode (PRGE_FAST) is on", file=sys.stderr)
     try:

@@ -76,10 +76,16 @@ def row_losses(model, batch: Batch) -> torch.Tensor:
     width = batch.targets.shape[1]
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    logits_to_keep=width).logits[:, -width:]
+    return target_losses(logits, batch.targets)
+
+
+def target_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each row's target tokens given the logits of the last T positions (rows, T,
+    vocab): the loss of :func:`row_losses`, shared with methods that run the head themselves (MeBP)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # fp16 → fp32, fp64 stays
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
-                         ignore_index=IGNORE, reduction="none").reshape(batch.targets.shape)
-    counts = (batch.targets != IGNORE).sum(1)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                         ignore_index=IGNORE, reduction="none").reshape(targets.shape)
+    counts = (targets != IGNORE).sum(1)
     return ce.sum(1) / counts
 
 

@@ -43,7 +43,8 @@ BACKENDS = ("local", "ray")
 
 # Rough seconds per training step on a 2-core CPU for SST-2 prompts (from the committed SST-2 runs and
 # data/results/bench); --list scales them by nothing else, so longer tasks take longer than it says.
-SECONDS_PER_STEP = {"fo": 2.5, "fo-lorafa": 1.2, "mezo": 4.0, "mezo-lorafa": 1.2, "prge": 1.3}
+SECONDS_PER_STEP = {"fo": 2.5, "fo-lorafa": 1.2, "mezo": 4.0, "mezo-lorafa": 1.2, "prge": 1.3, "senszoq": 2.0,
+                    "mebp": 2.0}
 EVAL_SECONDS = 60.0          # one validation (500) plus, at a new best, one test (1000) evaluation
 
 
@@ -142,6 +143,17 @@ BENCH_ROWS = {
                    {"methods": ("inference", "fo", "fo-lorafa") + _BENCH_METHODS, "quant": "none", "qs": (4,)},
                    seeds={"paper": (0,), "cpu": (0,)}),),
 }
+# Chapters 8 and 9: SensZOQ's masks (Guo et al. Fig. 6a: the C4 mask against four baselines at 0.1%, and the
+# C4 mask at 1% and 0.01%) and MeBP, on the protocol of Table 1 so that chapter 9 can set them beside it
+_SENSZOQ_LRS = {"paper": (1e-5, 1e-4, 5e-4), "cpu": (1e-4,)}
+ALTERNATIVE_ROWS = tuple(
+    Row(f"senszoq-{mask}-s{lr_text(sparsity)}", f"SensZOQ ({mask} mask, {100 * sparsity:g}%)", "senszoq",
+        {"mask": mask, "sparsity": sparsity, "mask_scope": "layer", "q": 1, "E": 16, "eps": 1e-3},
+        _SENSZOQ_LRS, _SEEDS_1)
+    for mask, sparsity in (("c4", 1e-3), ("task", 1e-3), ("random", 1e-3), ("largest", 1e-3), ("smallest", 1e-3),
+                           ("c4", 1e-2), ("c4", 1e-4))
+) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
+         _SEEDS_1),)
 GRIDS = {
     "table1": {"tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"), "rows": TABLE1_ROWS,
                "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
@@ -150,13 +162,15 @@ GRIDS = {
     "peft": {"tasks": ("sst2",), "rows": PEFT_ROWS, "source": "Gao et al. Table 7 (OPT-1.3B)"},
     "runtime": {"tasks": ("synthetic",), "rows": BENCH_ROWS["runtime"], "seq_lens": (64, 128, 256),
                 "source": "Gao et al. Fig. 5, 6, Tables 8 and 13"},
+    "alternatives": {"tasks": ("sst2", "rte"), "rows": ALTERNATIVE_ROWS,
+                     "source": "Guo et al. Fig. 6a (SensZOQ); Table 1's protocol for MeBP"},
     "memory": {"tasks": ("synthetic",), "rows": BENCH_ROWS["memory"], "seq_lens": (64, 128, 256),
                "source": "Gao et al. Fig. 7; ACL version Table 3"},
 }
 
 
 def _family(method: str) -> str:
-    return "fo" if method in ("fo", "fo-lorafa") else "zo"
+    return "fo" if method in ("fo", "fo-lorafa", "mebp") else "zo"
 
 
 def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None,

@@ -25,16 +25,23 @@ from .data import PROTOCOL, TaskData, sample_task
 from .evaluate import zero_shot
 from .fo import OPTIMIZERS, FirstOrder
 from .lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
+from .mebp import MeBP
 from .mezo import MeZOFull
 from .models import load_model, truncate_layers
 from .objective import collate, encode_example
 from .prge import PRGE
 from .provenance import atomic_file
 from .rge import check_zo_settings, mix_seed
+from .sensitivity import MASK_KINDS, SCOPES, check_mask_settings
+from .sparse import build_senszoq
 from .tasks import get_task
 
-METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge")
-ZO_METHODS = ("mezo", "mezo-lorafa", "prge")
+METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge", "senszoq", "mebp")
+ZO_METHODS = ("mezo", "mezo-lorafa", "prge", "senszoq")
+# methods that hold their base weights in 4 bits themselves (chapters 8 and 9): the model loads unquantized,
+# the method quantizes what it does not train; --quant chooses nf4 (default) or none (an fp32 base)
+SELF_QUANTIZING = ("senszoq", "mebp")
+TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
 # Gao et al. App. C (Table 10): batch sizes, and one value from each learning-rate grid
 DEFAULTS = {
     "fo": {"lr": 1e-5, "batch_size": 8},
@@ -42,6 +49,12 @@ DEFAULTS = {
     "mezo": {"lr": 1e-6, "eps": 1e-3, "q": 1, "E": 16, "inner": False},
     "mezo-lorafa": {"lr": 1e-3, "eps": 1e-2, "q": 1, "E": 16, "inner": False},
     "prge": {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
+    # Guo et al. (SensZOQ) App. D: ZO-SGD, ε 1e-3, batch 16. lr probed for the embedded model, 100 SST-2 steps
+    # with the C4 mask at 0.1%: mean loss of steps 80-100 7.9 (1e-5), 4.5 (1e-4), 5.5 after spikes to 11 (1e-3)
+    "senszoq": {"lr": 1e-4, "eps": 1e-3, "q": 1, "E": 16, "inner": False,
+                "sparsity": 1e-3, "mask": "c4", "mask_scope": "layer"},
+    # MeBP trains LoRA (A and B) with Adam: the FO LoRA-FA step size and batch
+    "mebp": {"lr": 3e-4, "batch_size": 8},
 }
 # MeZO over a peft adapter (--adapter, chapter 4): the LoRA-FA step size and ε of mezo-lorafa, not the
 # full-weight ones (Gao et al. App. B searched lr in {5e-6, 5e-5, 5e-4, 5e-3} and ε in {1e-3, 1e-2})
@@ -49,9 +62,10 @@ ADAPTER_DEFAULTS = {"lr": 1e-3, "eps": 1e-2}
 # settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
 _IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
              "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
-             "layers")
+             "layers", "sparsity", "mask", "mask_scope")
 # identity keys added later, with the value that checkpoints written before them implied
-_IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None}
+_IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None, "sparsity": None, "mask": None,
+                    "mask_scope": None}
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
@@ -103,7 +117,17 @@ class TrainConfig:
     checkpoint_every: int = _option(100, "steps between checkpoints")
     model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
     dtype: str = _option("fp32", "precision of the weights", choices=("fp32", "fp16", "bf16"))
-    quant: str = _option("none", "quantized base weights", choices=("none", "int8", "nf4"))
+    quant: str | None = _option(None, "quantized base weights (default none; nf4 for senszoq and mebp, which "
+                                      "quantize their base themselves)", choices=("none", "int8", "nf4"))
+    sparsity: float | None = _option(None, "senszoq: the share of the decoder's projection weights trained "
+                                           "(default 1e-3)")
+    mask: str | None = _option(None, "senszoq: which weights are trained: c4 (sensitivity on C4 text, the "
+                                     "default), task (on the task's own data), random, largest or smallest "
+                                     "magnitude", choices=MASK_KINDS)
+    mask_scope: str | None = _option(None, "senszoq: top-k per projection (layer, default) or over all of them "
+                                           "(global)", choices=SCOPES)
+    mmap_dir: str | None = _option(None, "mebp: folder for the memory-mapped block inputs (default: a "
+                                         "temporary folder)")
     device: str = _option("cpu", "cpu or cuda")
     notes: list[str] = field(default_factory=list)
 
@@ -124,6 +148,8 @@ class TrainConfig:
         for key, default in defaults.items():
             if values[key] is None:
                 values[key] = default
+        if values["quant"] is None:
+            values["quant"] = "nf4" if self.method in SELF_QUANTIZING else "none"
         c = TrainConfig(**values)
         c.targets = tuple(c.targets)
         if c.steps < 1:
@@ -135,12 +161,23 @@ class TrainConfig:
                 raise ValueError(f"mezo-lorafa is P-RGE with q = 1; got q = {c.q} (use --method prge)")
             c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
         else:
+            if c.method == "mebp" and c.optimizer != "adam":
+                raise ValueError(f"mebp trains with Adam (seed 004); got optimizer {c.optimizer!r}")
             if c.batch_size < 1:
                 raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
             if c.optimizer not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
             c.q = c.E = c.eps = None
             c.inner = None
+        if c.method == "senszoq":
+            check_mask_settings(c.mask, c.sparsity, c.mask_scope)
+        else:
+            c.sparsity = c.mask = c.mask_scope = None
+        if c.method in SELF_QUANTIZING and c.quant not in ("nf4", "none"):
+            raise ValueError(f"{c.method} dequantizes an NF4 base itself; quant {c.quant!r} is not supported "
+                             f"(choose nf4 or none)")
+        if c.mmap_dir is not None and c.method != "mebp":
+            raise ValueError(f"mmap_dir applies to method mebp only, not {c.method}")
         if c.eval_every < 0 or c.checkpoint_every < 0:
             raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
         check_noise_source(c.noise)
@@ -159,11 +196,23 @@ class TrainConfig:
         return {k: (list(values[k]) if isinstance(values[k], tuple) else values[k]) for k in _IDENTITY}
 
 
-def build_method(config: TrainConfig, model):
+def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
     """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed; MeZO with an
-    ``adapter`` runs over that peft space's trainable parameters, prge_lib.adapters)."""
+    ``adapter`` runs over that peft space's trainable parameters, prge_lib.adapters). SensZOQ needs the
+    ``tokenizer`` for its C4 mask and, for a "task" mask, ``task_batches()``: the task's training batches."""
 
     c = config
+    if c.method == "senszoq":
+        if c.layers is not None:
+            truncate_layers(model, c.layers)
+        batches = task_batches() if c.mask == "task" else None
+        return build_senszoq(model, tokenizer, mask=c.mask, sparsity=c.sparsity, scope=c.mask_scope,
+                             quant=c.quant, q=c.q, eps=c.eps, lr=c.lr, seed=c.seed, task_batches=batches,
+                             outer=c.outer and c.q > 1, inner=bool(c.inner))
+    if c.method == "mebp":
+        if c.layers is not None:
+            truncate_layers(model, c.layers)
+        return MeBP(model, c.lr, c.r, c.alpha, c.targets, c.quant, c.mmap_dir, c.seed)
     if c.method in ("fo", "fo-lorafa"):
         if c.method == "fo-lorafa":
             torch.manual_seed(c.seed)     # peft draws A from torch's global generator
@@ -195,15 +244,19 @@ class Trainer:
         self.config = config.resolved()
         self.task = get_task(self.config.task)
         if model is None or tokenizer is None:
-            model, tokenizer = load_model(self.config.model, dtype=self.config.dtype,
-                                          quant=self.config.quant, device=self.config.device)
+            quant = "none" if self.config.method in SELF_QUANTIZING else self.config.quant
+            model, tokenizer = load_model(self.config.model, dtype=self.config.dtype, quant=quant,
+                                          device=self.config.device)
         self.tokenizer = tokenizer
         c = self.config
         self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
         if len(self.data.train) < c.batch_size:
             raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
-        self.method = (method_builder or build_method)(c, model)
+        if method_builder is None:
+            self.method = build_method(c, model, tokenizer, self.task_batches)
+        else:
+            self.method = method_builder(c, model)
         self.model = self.method.model
         self.device = next(self.model.parameters()).device
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -224,6 +277,12 @@ class Trainer:
     def batch_indices(self, t: int) -> list[int]:
         epoch, offset = self.epoch_position(t)
         return self.epoch_order(epoch)[offset:offset + self.config.batch_size]
+
+    def task_batches(self) -> list:
+        """The first ``TASK_MASK_ROWS`` training examples in batches: the data a "task" mask is ranked on."""
+        items = self.items[:TASK_MASK_ROWS]
+        return [collate(items[i:i + 8], self.tokenizer.pad_token_id).to(self.config.device)
+                for i in range(0, len(items), 8)]
 
     def batch(self, t: int):
         items = [self.items[i] for i in self.batch_indices(t)]
@@ -348,4 +407,7 @@ class Trainer:
             "step_time_s": {"median": times[len(times) // 2] if times else None,
                             "per_step": self.history["step_time_s"]},
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
+            **({"method_settings": self.method.settings} if getattr(self.method, "settings", None) else {}),
+            **({"phase_times_s": {k: round(v, 3) for k, v in self.method.times.items()}}
+               if getattr(self.method, "times", None) else {}),
         }

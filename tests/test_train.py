@@ -12,6 +12,9 @@ from fixtures import small_trainer as _trainer
     ("mezo", {"E": 4, "lr": 1e-4}),
     ("fo-lorafa", {"batch_size": 4}),
     ("mezo", {"adapter": "dora", "r": 4, "E": 4}),        # MeZO over a peft adapter (chapter 4)
+    ("senszoq", {"E": 4, "mask": "random", "lr": 1e-3}),  # sparse ZO over an NF4 base (chapter 8)
+    ("senszoq", {"E": 4, "mask": "task", "quant": "none", "mask_scope": "global"}),
+    ("mebp", {"batch_size": 4}),                          # memory-efficient backprop (chapter 9)
 ])
 def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_small, tmp_path, method, extra):
     whole = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra).run()
@@ -88,6 +91,12 @@ def test_data_order_is_a_pure_function_of_seed_and_step(tiny_factory, tokenizer,
     ({"method": "mezo-lorafa", "q": 4}, r"mezo-lorafa is P-RGE with q = 1"),
     ({"method": "prge", "lr": -1.0}, r"lr must be a positive number, got -1.0"),
     ({"method": "fo", "optimizer": "adagrad"}, r"unknown optimizer 'adagrad'; choose one of \['adam', 'sgd'\]"),
+    ({"method": "senszoq", "sparsity": 1.5}, r"sparsity.*1.5"),
+    ({"method": "senszoq", "mask": "biggest"}, r"'biggest'.*c4"),
+    ({"method": "senszoq", "quant": "int8"}, r"quant 'int8' is not supported \(choose nf4 or none\)"),
+    ({"method": "mebp", "quant": "int8"}, r"quant 'int8' is not supported"),
+    ({"method": "mebp", "optimizer": "sgd"}, r"mebp trains with Adam.*'sgd'"),
+    ({"method": "prge", "mmap_dir": "/tmp/x"}, r"mmap_dir applies to method mebp only, not prge"),
 ])
 def test_bad_settings_are_refused_with_the_value(settings, message):
     config = TrainConfig("sst2", **settings)
@@ -103,3 +112,18 @@ def test_resume_with_other_settings_is_refused(tiny_factory, tokenizer, sst2_sma
     missing = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "none", q=2, E=4)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         missing.run(resume=True)
+
+
+@pytest.mark.parametrize("method,quant", [("senszoq", "nf4"), ("mebp", "nf4"), ("prge", "none"), ("fo", "none")])
+def test_each_method_resolves_its_own_base_and_records_its_settings(method, quant):
+    c = TrainConfig("sst2", method=method).resolved()
+    assert c.quant == quant
+    assert (c.mask, c.sparsity, c.mask_scope) == (("c4", 1e-3, "layer") if method == "senszoq" else (None,) * 3)
+
+
+def test_senszoq_result_records_its_mask_and_mebp_its_phases(tiny_factory, tokenizer, sst2_small):
+    result = _trainer(tiny_factory, tokenizer, sst2_small, method="senszoq", E=4, mask="largest", steps=2).run()
+    assert result["method_settings"]["mask"] == "largest" and result["method_settings"]["k"] > 0
+    assert result["trainable_parameters"] == result["method_settings"]["k"]
+    result = _trainer(tiny_factory, tokenizer, sst2_small, method="mebp", batch_size=4, steps=2).run()
+    assert result["phase_times_s"]["recompute_backward"] > 0
