@@ -121,6 +121,21 @@ def _bench(args) -> int:
     return 0
 
 
+def _footprint(args) -> int:
+    from .footprint import footprint
+
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    start = time.perf_counter()
+    rows = footprint(methods, seq_len=args.seq_len, rows=args.rows, steps=args.steps, warmup=args.warmup,
+                     progress=lambda line: print(line, file=sys.stderr))
+    result = {"kind": "footprint", "methods": methods, "seq_len": args.seq_len, "rows": args.rows,
+              "steps": args.steps, "warmup": args.warmup, "model": "SmolLM2-135M-Instruct",
+              "batches": "synthetic, full length, one answer token per row", "configs": rows,
+              "provenance": provenance(time.perf_counter() - start)}
+    write_result(args.out, result)
+    return 0
+
+
 def _export(args) -> int:
     from .export import export_training_program
 
@@ -356,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(be)
     be.add_argument("--out", required=True, help="where to write the JSON result")
     be.set_defaults(run=_bench)
+
+    from .footprint import COMPARED
+    fp = sub.add_parser("footprint", help="memory held, step peak and step time of the training methods, each "
+                                          "built as the trainer builds it (chapter 9)")
+    fp.add_argument("--method", default=",".join(COMPARED), help=f"comma-separated, from: {', '.join(COMPARED)}")
+    fp.add_argument("--seq-len", type=int, default=64, help="tokens per synthetic row")
+    fp.add_argument("--rows", type=int, default=16, help="rows per step (E for ZO methods, the batch for FO)")
+    fp.add_argument("--steps", type=int, default=3, help="timed steps per method")
+    fp.add_argument("--warmup", type=int, default=1)
+    fp.add_argument("--out", required=True, help="where to write the JSON result")
+    fp.set_defaults(run=_footprint)
     return parser
 
 

@@ -1,0 +1,94 @@
+"""What each training method costs on the device: the memory it holds, the peak of a step above that, and
+the time per step, with every method built exactly as the trainer builds it (chapter 9's closing comparison
+of FO, MeBP, MeZO, P-RGE and SensZOQ; seed 004 Table 3 and Gao et al. Fig. 7 measure the same way).
+
+All methods see the same batch: ``rows`` synthetic full-length sequences of ``seq_len`` tokens with one
+answer token (Gao et al.'s standard benchmark). ZO methods use E = rows (P-RGE as q = 4, B = rows / 4), FO
+methods a batch of ``rows``. SensZOQ uses a random mask: the mask's kind changes neither memory nor time,
+and a C4 mask would need minutes of gradients first.
+
+Each method runs in a fresh process. ``held_mib``: the resident memory the method keeps between steps (model,
+adapter or sparse values, optimizer state) above the process before loading; ``step_peak_mib``: the peak of
+the timed steps above that; ``total_mib``: their sum, what a device must have free. The loaded weights are
+copied into the process's own memory first, so they count as its memory rather than as pages of the cached
+model file. Times compare only within one run on one otherwise idle machine.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Callable, Sequence
+
+import torch
+
+from .measure import PeakMemory, in_fresh_process, release_memory, status_kib, time_steps
+from .models import load_model
+from .objective import synthetic_batch
+from .train import ZO_METHODS, TrainConfig, build_method
+
+COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")
+
+
+def held_mib(device: torch.device) -> float:
+    """Memory held now (MiB): the CUDA allocator's, or the process's resident set after a trim."""
+    release_memory()
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated() / 2**20
+    return (status_kib("VmRSS") or 0) / 1024
+
+
+def method_config(method: str, rows: int, **settings) -> TrainConfig:
+    """The training settings ``method`` is measured with: its defaults, E or batch size = ``rows``."""
+    shape = {"E": rows, "q": 4 if method == "prge" else None} if method in ZO_METHODS else {"batch_size": rows}
+    if method == "senszoq":
+        shape["mask"] = "random"
+    return TrainConfig("sst2", method=method, **{**shape, **settings}).resolved()
+
+
+def measure_method(method: str, seq_len: int = 64, rows: int = 16, steps: int = 2, warmup: int = 1,
+                   device: str = "cpu", **settings) -> dict:
+    """Held memory, step peak and step time of ``method`` in this process (the worker of :func:`footprint`)."""
+    dev = torch.device(device)
+    config = method_config(method, rows, device=device, **settings)
+    before = held_mib(dev)
+    model, tokenizer = load_model(config.model, dtype=config.dtype, device=device)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+    built = build_method(config, model, tokenizer)
+    batch = synthetic_batch(rows, seq_len, model.config.vocab_size).to(dev)
+    step: Callable[[int], dict] = lambda t: built.step(batch, t)     # noqa: E731
+    time_steps(step, 0, warmup, dev.type == "cuda")
+    held = held_mib(dev) - before
+    meter = PeakMemory(dev)
+    meter.start()
+    times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
+    peak = meter.peak_mib()
+    return {"method": method, "seq_len": seq_len, "rows": rows, "quant": config.quant,
+            "trainable": sum(p.numel() for p in built.trainable().values()),
+            "held_mib": round(held, 1), "step_peak_mib": None if peak is None else round(peak, 1),
+            "total_mib": None if peak is None else round(held + peak, 1),
+            "step_s": round(statistics.median(times), 3), "times_s": [round(t, 3) for t in times],
+            "threads": torch.get_num_threads()}
+
+
+def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 16, steps: int = 2,
+              warmup: int = 1, device: str = "cpu", progress: Callable[[str], None] = print) -> list[dict]:
+    """:func:`measure_method` for each of ``methods``, each in a fresh process."""
+    unknown = [m for m in methods if m not in COMPARED]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(COMPARED)}")
+    rows_out = []
+    for method in methods:
+        job = {"method": method, "seq_len": seq_len, "rows": rows, "steps": steps, "warmup": warmup,
+               "device": device}
+        row = in_fresh_process(__name__, job, f"footprint of {method}")
+        progress(f"{method}: held {row['held_mib']:.0f} MiB, step peak {row['step_peak_mib']} MiB, "
+                 f"{row['step_s']:.2f} s/step")
+        rows_out.append(row)
+    return rows_out
+
+
+if __name__ == "__main__":     # the worker behind footprint()
+    print(json.dumps(measure_method(**json.loads(sys.argv[1]))))

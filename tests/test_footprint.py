@@ -1,0 +1,27 @@
+"""The closing comparison's benchmark: every method built as the trainer builds it, at the same batch."""
+import pytest
+
+from prge_lib.footprint import footprint, method_config
+
+
+@pytest.mark.parametrize("method,shape", [
+    ("prge", {"E": 16, "q": 4, "batch_size": 4}), ("mezo", {"E": 16, "q": 1}), ("senszoq", {"E": 16, "q": 1}),
+    ("fo-lorafa", {"batch_size": 16}), ("mebp", {"batch_size": 16}),
+])
+def test_every_method_sees_the_same_rows(method, shape):
+    config = method_config(method, 16)
+    assert {k: getattr(config, k) for k in shape} == shape
+    assert config.quant == ("nf4" if method in ("senszoq", "mebp") else "none")
+
+
+def test_footprint_measures_a_method_in_its_own_process():
+    (row,) = footprint(["senszoq"], seq_len=8, rows=2, steps=1, progress=lambda line: None)
+    assert row["method"] == "senszoq" and row["quant"] == "nf4"
+    assert 100_000 < row["trainable"] < 110_000          # 0.1% of the 106M projection weights
+    assert row["total_mib"] == pytest.approx(row["held_mib"] + row["step_peak_mib"], abs=0.11)
+    assert row["held_mib"] > 100 and row["step_s"] > 0
+
+
+def test_unknown_methods_are_named():
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['sgd'\]"):
+        footprint(["sgd"])
