@@ -375,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .footprint import COMPARED
     fp = sub.add_parser("footprint", help="memory held, step peak and step time of the training methods, each "
                                           "built as the trainer builds it (chapter 9)")
-    fp.add_argument("--method", default=",".join(COMPARED), help=f"comma-separated, from: {', '.join(COMPARED)}")
+    fp.add_argument("--method", default=",".join(COMPARED), help=f"comma-separated, from: {', '.join(COMPARED)}; "
+                                                                 f"method:quant for another base, e.g. fo-lorafa:nf4")
     fp.add_argument("--seq-len", type=int, default=64, help="tokens per synthetic row")
     fp.add_argument("--rows", type=int, default=16, help="rows per step (E for ZO methods, the batch for FO)")
     fp.add_argument("--steps", type=int, default=3, help="timed steps per method")

@@ -25,9 +25,20 @@ import torch
 from .measure import PeakMemory, in_fresh_process, release_memory, status_kib, time_steps
 from .models import load_model
 from .objective import synthetic_batch
-from .train import ZO_METHODS, TrainConfig, build_method
+from .train import SELF_QUANTIZING, ZO_METHODS, TrainConfig, build_method
 
 COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``method`` or ``method:quant`` (e.g. ``fo-lorafa:nf4``: plain backprop over an NF4 base, the baseline
+    MeBP is compared with in seed 004 Table 3) → (method, settings)."""
+    method, _, quant = spec.partition(":")
+    if method not in COMPARED:
+        raise ValueError(f"unknown method {method!r} in {spec!r}; choose from {list(COMPARED)}")
+    if quant and quant not in ("none", "int8", "nf4"):
+        raise ValueError(f"unknown quantization {quant!r} in {spec!r}; choose none, int8 or nf4")
+    return method, ({"quant": quant} if quant else {})
 
 
 def held_mib(device: torch.device) -> float:
@@ -46,13 +57,16 @@ def method_config(method: str, rows: int, **settings) -> TrainConfig:
     return TrainConfig("sst2", method=method, **{**shape, **settings}).resolved()
 
 
-def measure_method(method: str, seq_len: int = 64, rows: int = 16, steps: int = 2, warmup: int = 1,
-                   device: str = "cpu", **settings) -> dict:
-    """Held memory, step peak and step time of ``method`` in this process (the worker of :func:`footprint`)."""
+def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2, warmup: int = 1,
+                   device: str = "cpu") -> dict:
+    """Held memory, step peak and step time of ``spec`` (see :func:`parse_spec`) in this process (the worker
+    of :func:`footprint`)."""
+    method, settings = parse_spec(spec)
     dev = torch.device(device)
     config = method_config(method, rows, device=device, **settings)
     before = held_mib(dev)
-    model, tokenizer = load_model(config.model, dtype=config.dtype, device=device)
+    quant = "none" if method in SELF_QUANTIZING else config.quant
+    model, tokenizer = load_model(config.model, dtype=config.dtype, quant=quant, device=device)
     with torch.no_grad():
         for param in model.parameters():
             param.data = param.data.clone()
@@ -65,7 +79,7 @@ def measure_method(method: str, seq_len: int = 64, rows: int = 16, steps: int = 
     meter.start()
     times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
     peak = meter.peak_mib()
-    return {"method": method, "seq_len": seq_len, "rows": rows, "quant": config.quant,
+    return {"method": spec, "seq_len": seq_len, "rows": rows, "quant": config.quant,
             "trainable": sum(p.numel() for p in built.trainable().values()),
             "held_mib": round(held, 1), "step_peak_mib": None if peak is None else round(peak, 1),
             "total_mib": None if peak is None else round(held + peak, 1),
@@ -75,13 +89,12 @@ def measure_method(method: str, seq_len: int = 64, rows: int = 16, steps: int = 
 
 def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 16, steps: int = 2,
               warmup: int = 1, device: str = "cpu", progress: Callable[[str], None] = print) -> list[dict]:
-    """:func:`measure_method` for each of ``methods``, each in a fresh process."""
-    unknown = [m for m in methods if m not in COMPARED]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(COMPARED)}")
+    """:func:`measure_method` for each of ``methods`` (specs, :func:`parse_spec`), each in a fresh process."""
+    for spec in methods:
+        parse_spec(spec)
     rows_out = []
     for method in methods:
-        job = {"method": method, "seq_len": seq_len, "rows": rows, "steps": steps, "warmup": warmup,
+        job = {"spec": method, "seq_len": seq_len, "rows": rows, "steps": steps, "warmup": warmup,
                "device": device}
         row = in_fresh_process(__name__, job, f"footprint of {method}")
         progress(f"{method}: held {row['held_mib']:.0f} MiB, step peak {row['step_peak_mib']} MiB, "

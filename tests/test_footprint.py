@@ -15,7 +15,8 @@ def test_every_method_sees_the_same_rows(method, shape):
 
 
 def test_footprint_measures_a_method_in_its_own_process():
-    (row,) = footprint(["senszoq"], seq_len=8, rows=2, steps=1, progress=lambda line: None)
+    (row, plain) = footprint(["senszoq", "fo-lorafa:nf4"], seq_len=8, rows=2, steps=1, progress=lambda line: None)
+    assert plain["method"] == "fo-lorafa:nf4" and plain["quant"] == "nf4"
     assert row["method"] == "senszoq" and row["quant"] == "nf4"
     assert 100_000 < row["trainable"] < 110_000          # 0.1% of the 106M projection weights
     assert row["total_mib"] == pytest.approx(row["held_mib"] + row["step_peak_mib"], abs=0.11)
@@ -23,5 +24,7 @@ def test_footprint_measures_a_method_in_its_own_process():
 
 
 def test_unknown_methods_are_named():
-    with pytest.raises(ValueError, match=r"unknown method\(s\) \['sgd'\]"):
+    with pytest.raises(ValueError, match=r"unknown method 'sgd' in 'sgd'"):
         footprint(["sgd"])
+    with pytest.raises(ValueError, match=r"unknown quantization 'nf3' in 'fo-lorafa:nf3'"):
+        footprint(["fo-lorafa:nf3"])
