@@ -131,7 +131,7 @@ def _footprint(args) -> int:
     result = {"kind": "footprint", "methods": methods, "seq_len": args.seq_len, "rows": args.rows,
               "steps": args.steps, "warmup": args.warmup, "model": "SmolLM2-135M-Instruct",
               "batches": "synthetic, full length, one answer token per row", "configs": rows,
-              "provenance": provenance(time.perf_counter() - start)}
+              "seed": 0, "provenance": provenance(time.perf_counter() - start)}   # synthetic_batch's seed
     write_result(args.out, result)
     return 0
 
@@ -163,15 +163,17 @@ def _device_train(args) -> int:
     result = train_in_runtime(args.pte, args.task, args.steps, lr=args.lr, eps=args.eps,
                               eval_every=args.eval_every, check_eager=args.check_eager,
                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                              resume=args.resume, save_adapter_to=args.save_adapter, **sizes)
+                              resume=args.resume, save_adapter_to=args.save_adapter, host=args.host, **sizes)
     result["provenance"] = provenance(time.perf_counter() - start)
     write_result(args.out, result)
     if args.check_eager:
         print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
               f"difference {result['parity']['max_rel_loss_diff']:.1e}", file=sys.stderr)
-    best = result["best_val"]
-    print(f"{result['title']} in the runtime: {len(result['losses'])} steps, median "
-          f"{result['step_time_s']['median']:.3f} s/step; validation {100 * result['evals'][0]['val']:.1f} at "
+    best, host = result["best_val"], result["host"]
+    print(f"{result['title']} in the runtime, {args.host} host ({host['machine']}"
+          f"{', emulated' if host['emulated'] else ''}): {len(result['losses'])} steps, median "
+          f"{result['step_time_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib']:.0f} MiB; "
+          f"validation {100 * result['evals'][0]['val']:.1f} at "
           f"step {result['evals'][0]['step']} -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")
     return 0 if not args.check_eager or result["parity"]["within_1e-4"] else 4
@@ -322,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue the run saved in --checkpoint-dir with a freshly loaded program")
     dt.add_argument("--save-adapter", default=None,
                     help="write the adapter trained in the runtime (safetensors, loadable with load_adapter)")
+    from .runtime import HOSTS
+    dt.add_argument("--host", default="python", choices=HOSTS,
+                    help="what drives the program: this Python process (default), the C++ trainer built for this "
+                         "machine (native), or built for aarch64 and run under qemu (native-aarch64); chapter 10")
     dt.add_argument("--out", required=True, help="where to write the JSON result")
     dt.set_defaults(run=_device_train)
 

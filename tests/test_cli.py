@@ -82,6 +82,7 @@ def test_bench_reports_times_memory_and_ratios(tiny_folder, tmp_path):
     ["export", "--task", "sst2"],
     ["device-train", "--pte", "step.pte", "--task", "sst2"],
     ["device-bench", "--pte", "step.pte"],
+    ["footprint", "--method", "prge"],
 ])
 def test_an_unwritable_output_is_refused_before_any_work(command, tmp_path, capsys):
     """An output path under an existing file fails at once, naming the path (it used to fail after the

@@ -1,6 +1,9 @@
 """The closing comparison's benchmark: every method built as the trainer builds it, at the same batch."""
+import json
+
 import pytest
 
+from prge_lib.cli import main
 from prge_lib.footprint import footprint, method_config
 
 
@@ -14,8 +17,13 @@ def test_every_method_sees_the_same_rows(method, shape):
     assert config.quant == ("nf4" if method in ("senszoq", "mebp") else "none")
 
 
-def test_footprint_measures_a_method_in_its_own_process():
-    (row, plain) = footprint(["senszoq", "fo-lorafa:nf4"], seq_len=8, rows=2, steps=1, progress=lambda line: None)
+def test_footprint_measures_a_method_in_its_own_process(tmp_path):
+    out = tmp_path / "fp.json"
+    assert main(["footprint", "--method", "senszoq,fo-lorafa:nf4", "--seq-len", "8", "--rows", "2", "--steps", "1",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["seed"] == 0 and result["provenance"]["command"].startswith("prge footprint")
+    (row, plain) = result["configs"]
     assert plain["method"] == "fo-lorafa:nf4" and plain["quant"] == "nf4"
     assert row["method"] == "senszoq" and row["quant"] == "nf4"
     assert 100_000 < row["trainable"] < 110_000          # 0.1% of the 106M projection weights
