@@ -172,7 +172,7 @@ def _device_train(args) -> int:
     best, host = result["best_val"], result["host"]
     print(f"{result['title']} in the runtime, {args.host} host ({host['machine']}"
           f"{', emulated' if host['emulated'] else ''}): {len(result['losses'])} steps, median "
-          f"{result['step_time_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib']:.0f} MiB; "
+          f"{result['step_time_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib'] or float('nan'):.0f} MiB; "
           f"validation {100 * result['evals'][0]['val']:.1f} at "
           f"step {result['evals'][0]['step']} -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")

@@ -3,13 +3,16 @@ the trainer, step by step, with the adapter kept on the host (Gao et al. §4.3; 
 
 It sits above the trainer: :func:`build_program_method` gives ``prge_lib.train.Trainer`` a method object whose
 every step runs in the program, and :func:`train_in_runtime` (``prge device-train``) runs that trainer, and
-optionally the eager twin with the same seeds for the per-step parity check.
+optionally the eager twin with the same seeds for the per-step parity check. The host that drives the program
+is this Python process, or the C++ trainer of ``prge_lib.native_host`` (``--host native``, ``native-aarch64``);
+both are fed by :meth:`ProgramPRGE.feed` and recorded by :func:`step_record` and :func:`parity`.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
 import os
+import platform
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -19,6 +22,7 @@ import torch
 
 from .export import read_program_meta
 from .lora import save_adapter
+from .measure import status_kib
 from .objective import Batch, fit_width
 from .prge import PRGE, step_seeds
 from .program import TrainStep
@@ -64,56 +68,115 @@ class RuntimeStep:
         return tuple(self.method.execute(list(inputs)))
 
 
+def step_record(losses: torch.Tensor, eps: float) -> dict:
+    """What a host keeps of one step from the program's losses (2, q): their mean, whether all are finite (the
+    host keeps the returned adapter only then), and the projected gradients g_i = (ℓ+_i − ℓ−_i) / 2ε."""
+    g = (losses[0] - losses[1]) / (2 * eps)
+    return {"loss": float(losses.mean()), "finite": bool(torch.isfinite(losses).all()), "projected_grad": g.tolist()}
+
+
 class ProgramPRGE(PRGE):
     """P-RGE whose every step runs in an exported program (chapter 10): the trainer's method object.
 
     The adapter lives on the host: it is fed to the program each step and the returned one is kept when the
     losses are finite. It is also written back into ``model``'s LoRA-B after each step, so evaluation and
-    checkpoints work on the eager model exactly as for :class:`prge_lib.prge.PRGE`."""
+    checkpoints work on the eager model exactly as for :class:`prge_lib.prge.PRGE`. With ``load=False`` the
+    program is not loaded here: the native host runs it, and uses :meth:`feed` and the adapter state."""
 
     def __init__(self, model, layers, path, q: int, eps: float, lr: float, seed: int, width: int,
-                 pad_id: int = 0):
+                 pad_id: int = 0, load: bool = True):
         super().__init__(model, layers, q, eps, lr, seed)
         self.state = TrainStep(model, q)
-        self.program = RuntimeStep(path)
         settings = read_program_meta(path)["settings"]
         expected = {"q": q, "seq_len": width, "adapter_size": sum(self.state.sizes)}
         differ = {k: (settings[k], v) for k, v in expected.items() if settings[k] != v}
         if differ:
             raise ValueError(f"the program {path} was exported for other settings (program, run): {differ}")
         self.width, self.target_width, self.pad_id = width, settings["target_width"], pad_id
+        self.program = RuntimeStep(path) if load else None
 
-    def step(self, batch: Batch, t: int) -> dict:
+    def feed(self, batch: Batch, t: int) -> tuple:
+        """The program's seven inputs for step ``t``: the batch fitted to the program's width, the adapter, the
+        step's seeds (a pure function of run seed and step), lr and ε, as the exported signature has them."""
         b = fit_width(batch.to("cpu"), self.width, self.pad_id, self.target_width)
         seeds = torch.tensor(step_seeds(self.seed, t, self.q), dtype=torch.int64)
-        losses, adapter = self.program(b.input_ids, b.attention_mask, b.targets, self.state.adapter(), seeds,
-                                       torch.tensor(float(self.lr)), torch.tensor(float(self.eps)))
-        finite = bool(torch.isfinite(losses).all())
-        if finite:
+        return (b.input_ids, b.attention_mask, b.targets, self.state.adapter(), seeds,
+                torch.tensor(float(self.lr)), torch.tensor(float(self.eps)))
+
+    def step(self, batch: Batch, t: int) -> dict:
+        losses, adapter = self.program(*self.feed(batch, t))
+        record = step_record(losses, self.eps)
+        if record["finite"]:
             self.state.load(adapter)
-        g = (losses[0] - losses[1]) / (2 * self.eps)
-        return {"loss": float(losses.mean()), "finite": finite, "projected_grad": g.tolist()}
+        return record
 
 
-def build_program_method(config: TrainConfig, model) -> ProgramPRGE:
+def build_program_method(config: TrainConfig, model, load: bool = True) -> ProgramPRGE:
     """The trainer's method for a config with ``program`` set: P-RGE built as usual (truncated model,
-    LoRA-FA layers with counter noise), every step run in the program."""
+    LoRA-FA layers with counter noise), every step run in the program (``load=False``: by the native host)."""
     prge = build_method(dataclasses.replace(config, program=None), model)
     return ProgramPRGE(prge.model, prge.layers, config.program, config.q, config.eps, config.lr, config.seed,
-                       config.max_length)
+                       config.max_length, load=load)
+
+
+HOSTS = ("python", "native", "native-aarch64")
+
+
+def parity(losses, eager_losses) -> dict:
+    """The paper's sanity check (§4.3): the relative difference of the per-step losses against eager P-RGE with
+    the same seeds and data; within 1e-4 at every step passes."""
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses, strict=True)]
+    return {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
+            "within_1e-4": max(rel) <= 1e-4}
+
+
+def host_trainer(config: TrainConfig, host: str, checkpoint_dir=None, progress: bool = True):
+    """The trainer whose steps run in ``config.program``: :class:`PythonHost`, or the C++ trainer behind
+    ``prge_lib.native_host.NativeTrainer`` ("native", "native-aarch64"). Both have ``run(resume)``, ``model``
+    (holding the trained adapter) and ``host_record()``."""
+    if host not in HOSTS:
+        raise ValueError(f"unknown host {host!r}; choose one of {list(HOSTS)}")
+    if host == "python":
+        return PythonHost(config, checkpoint_dir=checkpoint_dir, progress=progress)
+    from .native_host import NativeTrainer
+
+    return NativeTrainer(config, host, checkpoint_dir=checkpoint_dir, progress=progress)
+
+
+class PythonHost(Trainer):
+    """The Python host: the trainer with :class:`ProgramPRGE` as its method. Its record is this process's resident
+    memory (Python, torch, the eager model kept for evaluation, the program) once both are loaded, and its peak
+    from then to the end of the run."""
+
+    def __init__(self, config: TrainConfig, checkpoint_dir=None, progress: bool = True):
+        super().__init__(config, checkpoint_dir=checkpoint_dir, progress=progress, method_builder=build_program_method)
+        self.resident_at_start = status_kib("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")                # reset the high-water mark (Linux), so the peak is this run's
+        except OSError:
+            pass
+
+    def host_record(self) -> dict:
+        peak = status_kib("VmHWM")
+        return {"name": "python", "machine": platform.machine(), "emulated": False,
+                "resident_at_start_mib": self.resident_at_start / 1024 if self.resident_at_start else None,
+                "peak_resident_mib": peak / 1024 if peak else None}
 
 
 def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: float | None = None,
                      eval_every: int = 0, check_eager: bool = False, checkpoint_dir=None,
                      checkpoint_every: int = 100, resume: bool = False, save_adapter_to=None,
-                     progress: bool = True, **sizes) -> dict:
+                     host: str = "python", progress: bool = True, **sizes) -> dict:
     """Train ``task`` for ``steps`` steps with the program ``pte`` in the ExecuTorch runtime (Gao et al. §4.3).
 
-    The run's settings (q, E, rank, targets, seed, width) come from the program's sidecar. With
-    ``check_eager`` the eager P-RGE trainer runs the same steps with the same seeds and data, and the result
-    gains ``parity``: the relative difference of the per-step losses (the paper's sanity check). Checkpoints
-    go to ``checkpoint_dir`` (the eager twin's to its ``eager/`` subfolder); ``resume`` continues from them
-    with a freshly loaded program. ``sizes``: n_train, n_val, n_test."""
+    The run's settings (q, E, rank, targets, seed, width) come from the program's sidecar. ``host`` drives the
+    program: this Python process ("python"), or the C++ trainer built for this machine ("native") or for aarch64
+    and run under emulation ("native-aarch64"; chapter 10). With ``check_eager`` the eager P-RGE trainer runs the
+    same steps with the same seeds and data, and the result gains ``parity``: the relative difference of the
+    per-step losses (the paper's sanity check). Checkpoints go to ``checkpoint_dir`` (the eager twin's to its
+    ``eager/`` subfolder); ``resume`` continues from them with a freshly loaded program. ``sizes``: n_train,
+    n_val, n_test."""
 
     meta = read_program_meta(pte)
     s = meta["settings"]
@@ -132,18 +195,20 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     results = {}
     for label, config in runs.items():
         folder = None if not checkpoint_dir else Path(checkpoint_dir) / ("eager" if label == "eager" else "")
-        builder = build_program_method if config.program else build_method
-        trainer = Trainer(config, checkpoint_dir=folder, progress=progress, method_builder=builder)
+        if label == "eager":
+            trainer = Trainer(config, checkpoint_dir=folder, progress=progress, method_builder=build_method)
+        else:
+            trainer = host_trainer(config, host, folder, progress)
         results[label] = trainer.run(resume=resume)
-        if label == "runtime" and save_adapter_to:
-            save_adapter(trainer.model, save_adapter_to, {"task": task, "method": "prge", "program": Path(pte).name})
+        if label == "runtime":
+            results[label]["host"] = trainer.host_record()
+            if save_adapter_to:
+                save_adapter(trainer.model, save_adapter_to,
+                             {"task": task, "method": "prge", "program": Path(pte).name, "host": host})
     result = {"kind": "device-train", "task": task, "seed": s["seed"], "program": Path(pte).name,
               "program_settings": s, "program_commit": meta.get("provenance", {}).get("commit"),
               **results["runtime"], "status": "finished"}
     if check_eager:
-        ours, eager = result["losses"], results["eager"]["losses"]
-        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, eager)]
         result["eager"] = results["eager"]
-        result["parity"] = {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
-                            "within_1e-4": max(rel) <= 1e-4}
+        result["parity"] = parity(result["losses"], results["eager"]["losses"])
     return result

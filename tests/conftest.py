@@ -77,3 +77,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _export_tiny(fixture_data, tiny_folder, folder: Path, backend: str, seq_len: int) -> Path:
+    """`prge export` of the tiny model cut to one layer (q 2, E 4), for sst2."""
+    from prge_lib.cli import main
+
+    pte = folder / "step.pte"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
+        assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E",
+                     "4", "--seq-len", str(seq_len), "--backend", backend, "--out", str(pte)]) == 0
+    return pte
+
+
+@pytest.fixture(scope="session")
+def tiny_program(fixture_data, tiny_folder, tmp_path_factory) -> Path:
+    """The tiny model's one-layer training program on the portable kernels (24 tokens), exported once."""
+    return _export_tiny(fixture_data, tiny_folder, tmp_path_factory.mktemp("program"), "portable", 24)
+
+
+@pytest.fixture(scope="session")
+def tiny_xnnpack_program(fixture_data, tiny_folder, tmp_path_factory) -> Path:
+    """The same step lowered to XNNPACK (16 tokens), exported once: the runtime and native host tests share it."""
+    return _export_tiny(fixture_data, tiny_folder, tmp_path_factory.mktemp("xnnpack"), "xnnpack", 16)

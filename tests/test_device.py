@@ -111,19 +111,6 @@ def test_adapter_round_trip(tiny_factory):
         step.load(state[:-1])
 
 
-@pytest.fixture(scope="module")
-def tiny_program(fixture_data, tiny_folder, tmp_path_factory):
-    """`prge export` of the tiny model cut to one layer (portable kernels, q 2, E 4, 24 tokens), once per module."""
-    from prge_lib.cli import main
-
-    pte = tmp_path_factory.mktemp("program") / "step.pte"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
-        assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E",
-                     "4", "--seq-len", "24", "--backend", "portable", "--out", str(pte)]) == 0
-    return pte
-
-
 def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, tiny_folder, tiny_program, tmp_path,
                                                                  monkeypatch):
     """`prge export` writes the program and its settings; `prge device-train --check-eager` trains with it for
@@ -174,17 +161,14 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
     assert TrainStep(model, 2).adapter().abs().max() > 0
 
 
-def test_device_bench_compares_runtime_and_eager(fixture_data, tiny_folder, tmp_path, monkeypatch):
+def test_device_bench_compares_runtime_and_eager(tiny_xnnpack_program, tmp_path):
     """`prge device-bench` times the program's step in the runtime and the same step eager on one batch,
     meters both processes' memory and traces the runtime's operators."""
     import json
 
     from prge_lib.cli import main
 
-    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
-    pte, out = tmp_path / "step.pte", tmp_path / "bench.json"
-    assert main(["export", "--task", "sst2", "--model", str(tiny_folder), "--layers", "1", "--q", "2", "--E", "4",
-                 "--seq-len", "16", "--backend", "xnnpack", "--out", str(pte)]) == 0
+    pte, out = tiny_xnnpack_program, tmp_path / "bench.json"
     assert main(["device-bench", "--pte", str(pte), "--repeats", "2", "--profile", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     for side in ("runtime", "eager"):
