@@ -2,9 +2,10 @@
 the time per step, with every method built exactly as the trainer builds it (chapter 9's closing comparison
 of FO, MeBP, MeZO, P-RGE and SensZOQ; seed 004 Table 3 and Gao et al. Fig. 7 measure the same way).
 
-All methods see the same batch: ``rows`` synthetic full-length sequences of ``seq_len`` tokens with one
-answer token (Gao et al.'s standard benchmark). ZO methods use E = rows (P-RGE as q = 4, B = rows / 4), FO
-methods a batch of ``rows``. SensZOQ uses a random mask: the mask's kind changes neither memory nor time,
+All methods see the same number of prompts per step: ``rows`` synthetic full-length sequences of ``seq_len``
+tokens with one answer token (Gao et al.'s standard benchmark). ZO methods use E = rows: MeZO and SensZOQ
+evaluate all ``rows`` prompts at each of ±ε; P-RGE takes B = rows / 4 prompts, as the trainer does, and its four
+queries and two signs make 2E rows in one forward. FO methods take a batch of ``rows``. SensZOQ uses a random mask: the mask's kind changes neither memory nor time,
 and a C4 mask would need minutes of gradients first.
 
 Each method runs in a fresh process. ``held_mib``: the resident memory the method keeps between steps (model,
@@ -71,7 +72,7 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
         for param in model.parameters():
             param.data = param.data.clone()
     built = build_method(config, model, tokenizer)
-    batch = synthetic_batch(rows, seq_len, model.config.vocab_size).to(dev)
+    batch = synthetic_batch(config.batch_size, seq_len, model.config.vocab_size).to(dev)   # as the trainer feeds it
     step: Callable[[int], dict] = lambda t: built.step(batch, t)     # noqa: E731
     time_steps(step, 0, warmup, dev.type == "cuda")
     held = held_mib(dev) - before
@@ -79,7 +80,7 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
     meter.start()
     times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
     peak = meter.peak_mib()
-    return {"method": spec, "seq_len": seq_len, "rows": rows, "quant": config.quant,
+    return {"method": spec, "seq_len": seq_len, "rows": rows, "batch_rows": batch.rows, "quant": config.quant,
             "trainable": sum(p.numel() for p in built.trainable().values()),
             "held_mib": round(held, 1), "step_peak_mib": None if peak is None else round(peak, 1),
             "total_mib": None if peak is None else round(held + peak, 1),

@@ -19,11 +19,13 @@ def test_every_method_sees_the_same_rows(method, shape):
 
 def test_footprint_measures_a_method_in_its_own_process(tmp_path):
     out = tmp_path / "fp.json"
-    assert main(["footprint", "--method", "senszoq,fo-lorafa:nf4", "--seq-len", "8", "--rows", "2", "--steps", "1",
+    assert main(["footprint", "--method", "senszoq,fo-lorafa:nf4,prge", "--seq-len", "8", "--rows", "4", "--steps", "1",
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["seed"] == 0 and result["provenance"]["command"].startswith("prge footprint")
-    (row, plain) = result["configs"]
+    (row, plain, prge) = result["configs"]
+    # the prompts each method is fed per step, as the trainer feeds them: P-RGE's q = 4 queries share E / 4
+    assert (row["batch_rows"], plain["batch_rows"], prge["batch_rows"]) == (4, 4, 1)
     assert plain["method"] == "fo-lorafa:nf4" and plain["quant"] == "nf4"
     assert row["method"] == "senszoq" and row["quant"] == "nf4"
     assert 100_000 < row["trainable"] < 110_000          # 0.1% of the 106M projection weights
