@@ -225,11 +225,12 @@ def trainer_command(target: str, binary: Path) -> list[str]:
     return [str(binary)]
 
 
-def run_trainer(target: str, pte, batches, adapter, log, save_every: int = 0) -> dict:
-    """Run the C++ trainer once over a batch file; returns the summary it prints (load time, resident memory).
+def run_trainer(target: str, binary: Path, pte, batches, adapter, log, save_every: int = 0) -> dict:
+    """Run the C++ trainer ``binary`` (from :func:`build_trainer`) once over a batch file; returns the summary it
+    prints (load time, resident memory).
     A refused non-finite step raises :class:`prge_lib.train.TrainingDiverged`, any other failure
     :class:`NativeHostError`, both with the trainer's one-line message."""
-    command = trainer_command(target, build_trainer(target)) + [str(pte), str(batches), str(adapter), str(log)]
+    command = trainer_command(target, binary) + [str(pte), str(batches), str(adapter), str(log)]
     if save_every:
         command += ["--save-every", str(save_every)]
     proc = subprocess.run(command, capture_output=True, text=True)
@@ -288,7 +289,7 @@ class NativeTrainer:
             write_adapter(files["adapter.bin"], self.method.state.adapter(), tr.step)
             self._save_host_record(files)
             try:
-                self.summaries.append(run_trainer(self.target, c.program, files["batches.bin"], files["adapter.bin"],
+                self.summaries.append(run_trainer(self.target, self.binary, c.program, files["batches.bin"], files["adapter.bin"],
                                                   files["steps.tsv"], c.checkpoint_every))
             except TrainingDiverged as err:
                 where = "" if self.checkpoint_dir else " (a temporary folder: pass --checkpoint-dir to keep the adapter)"
