@@ -38,8 +38,8 @@ CONFIGS = {
     "prge-seq": ("prge", False, False),         # q queries, 2q forwards of B rows
     "prge-outer": ("prge", True, False),
     "prge-inner": ("prge", False, True),
-    "prge": ("prge", True, True),
-    "prge-keepz": ("prge", True, True),         # z drawn once per step and kept (q·d floats) for the update
+    "prge": ("prge", True, True),               # the trainer's default: z kept for the update when it fits
+    "prge-redraw": ("prge", True, True),        # z redrawn from the seeds for the update (nothing kept)
 }
 
 
@@ -86,7 +86,7 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
         method = MeZOFull(model, q, eps, lr)
         return (lambda t: method.step(source(rows, t), t)), rows, 2 * q
     layers = inject_lorafa(model)
-    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=name == "prge-keepz")
+    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=False if name == "prge-redraw" else None)
     forwards = (1 if outer else q) * (1 if inner else 2)
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
 

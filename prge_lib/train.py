@@ -29,7 +29,7 @@ from .mebp import MeBP
 from .mezo import MeZOFull
 from .models import load_model, truncate_layers
 from .objective import collate, encode_example
-from .prge import PRGE
+from .prge import KEEP_NOISE_BUDGET_MIB, PRGE
 from .provenance import atomic_file
 from .rge import check_zo_settings, mix_seed
 from .sensitivity import MASK_KINDS, SCOPES, check_mask_settings
@@ -96,8 +96,9 @@ class TrainConfig:
     batch_size: int | None = _option(None, "FO rows per step")
     outer: bool = _option(True, "P-RGE: the q queries in one forward")
     inner: bool | None = _option(None, "P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
-    keep_noise: bool = _option(False, "P-RGE: keep each z from the forward for the update (faster, q·d floats "
-                                      "of memory)")
+    keep_noise: bool | None = _option(None, "P-RGE: keep each z of the forward for the update instead of redrawing "
+                                            "it (same numbers, faster, q·d floats of memory; default: when they "
+                                            f"fit {KEEP_NOISE_BUDGET_MIB} MiB)")
     noise: str = _option("torch", "P-RGE: where z comes from; counter: the generator an exported program runs",
                          choices=NOISE_SOURCES)
     layers: int | None = _option(None, "keep only the first N decoder layers (small exported programs)")

@@ -6,7 +6,8 @@ from fixtures import randomize_b
 from prge_lib.lora import inject_lorafa, lorafa_layers
 from prge_lib.objective import row_losses, synthetic_batch
 from prge_lib.mezo import MeZOFull, explicit_noise, mezo_step
-from prge_lib.prge import PRGE, forward_groups, prge_step, step_seeds
+from prge_lib import prge as prge_module
+from prge_lib.prge import PRGE, forward_groups, keeps_noise, prge_step, step_seeds
 
 
 def _model_with_b(tiny_factory, seed=0, n_layers=2, **kw):
@@ -58,6 +59,15 @@ def test_keeping_the_noise_changes_nothing_but_speed(tiny_factory):
         after.append([layer.lora_B.clone() for layer in layers])
     for a, b in zip(*after):
         assert torch.equal(a, b)
+
+
+def test_the_default_keeps_the_noise_only_within_the_budget(tiny_factory, monkeypatch):
+    model, layers = _model_with_b(tiny_factory)
+    d = sum(layer.lora_B.numel() for layer in layers)
+    assert PRGE(model, layers, q=4, eps=1e-2, lr=1e-3).keep_noise          # 4·d floats: well inside
+    assert not PRGE(model, layers, q=4, eps=1e-2, lr=1e-3, keep_noise=False).keep_noise
+    monkeypatch.setattr(prge_module, "KEEP_NOISE_BUDGET_MIB", 4 * d * 4 / 2 ** 20)   # exactly q = 4's floats
+    assert keeps_noise(layers, 4) and not keeps_noise(layers, 5) and keeps_noise(layers, 5, keep_noise=True)
 
 
 def test_update_is_lr_over_q_times_sum_of_g_z(tiny_factory):
