@@ -16,6 +16,8 @@ Shapes follow nn.Linear and peft (A: r × in, B: out × r), so in ≠ out works 
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
@@ -70,19 +72,31 @@ class LoRAFALinear(nn.Module):
         """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
         if self.kept is not None and seed in self.kept:
             return self.kept[seed]
-        if self.noise_source == "counter":
-            # one counter space over the whole adapter: a program draws every layer's z in one call
-            z = counter_normal(seed, 0, self.lora_B.shape, device=self.lora_B.device, offset=self.offset)
-        else:
-            z = gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
+        z = self.draw(seed)
         if self.kept is not None:
             self.kept[seed] = z
         return z
+
+    def draw(self, seed: int) -> torch.Tensor:
+        """A fresh draw of z: a pure function of the seed and the layer's place, whichever thread runs it."""
+        if self.noise_source == "counter":
+            # one counter space over the whole adapter: a program draws every layer's z in one call
+            return counter_normal(seed, 0, self.lora_B.shape, device=self.lora_B.device, offset=self.offset)
+        return gaussian(seed, self.index, self.lora_B.shape, self.lora_B.device)
 
     def copy_weights(self) -> torch.Tensor:
         """The (n, out, r) stack of B + s_c z_c for the current copies (z drawn once per distinct seed).
 
         Seeds and scales may be tensors (inside an exported program, where ε is an input)."""
+        seeds, scales = [seed for seed, _ in self.copies], [scale for _, scale in self.copies]
+        distinct = list(dict.fromkeys(seeds))
+        blocks = len(seeds) // len(distinct)
+        if seeds == distinct * blocks and all(isinstance(scale, float) for scale in scales):
+            # every loop setting lists the same seeds in each of its blocks (one per sign, chapter 6): two
+            # broadcast passes write all n copies, B + s_c z_c, from the u distinct z's
+            z = torch.stack([self.noise(seed) for seed in distinct])                        # (u, out, r)
+            s = torch.tensor(scales, dtype=z.dtype, device=z.device).view(blocks, len(distinct), 1, 1)
+            return (s * z).add_(self.lora_B).reshape(len(seeds), *self.lora_B.shape)     # as B + s·z, bit for bit
         draws: dict[int, torch.Tensor] = {}
         copies = []
         for seed, scale in self.copies:
@@ -155,6 +169,27 @@ def perturbed(layers: Sequence[LoRAFALinear], copies: Sequence[tuple[int, float]
     finally:
         for layer in layers:
             layer.copies = None
+
+
+_DRAW_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}    # (process, threads) -> pool; a fork starts anew
+
+
+def draw_noise(layers: Sequence[LoRAFALinear], seeds: Sequence[int]) -> list[dict[int, torch.Tensor]]:
+    """Every layer's z for every seed, layer j's in the j-th dict (seed -> z), for :func:`keeping_noise`.
+
+    A drawing kernel runs on one core, so with torch's noise on the CPU the layers are drawn in as many
+    threads as torch uses; the values do not depend on it (each draw is seeded by its seed and layer alone).
+    Counter noise, whose draw is itself a parallel computation, is drawn in this thread."""
+    def draw_layer(layer: LoRAFALinear) -> dict[int, torch.Tensor]:
+        return {seed: layer.draw(seed) for seed in dict.fromkeys(seeds)}
+
+    threads = torch.get_num_threads()
+    if threads < 2 or any(layer.noise_source != "torch" or layer.lora_B.device.type != "cpu" for layer in layers):
+        return [draw_layer(layer) for layer in layers]
+    key = (os.getpid(), threads)
+    if key not in _DRAW_POOLS:
+        _DRAW_POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="prge-noise")
+    return list(_DRAW_POOLS[key].map(draw_layer, layers))
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .lora import LoRAFALinear, keeping_noise, perturbed
+from .lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
 from .objective import Batch, copy_losses
 from .rge import check_zo_dtype, mix_seed
 
@@ -64,12 +64,13 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
               keep_noise: bool = False) -> dict:
     """One P-RGE step on ``batch`` (Gao et al. Alg. 1). Returns per-query losses ℓ⁺, ℓ⁻ and g (q,) tensors.
 
-    With ``update=False`` (or a non-finite loss) the adapter is left untouched. ``keep_noise`` keeps each
-    z from the forward for the update instead of drawing it again: half the random draws for q·d floats
-    of memory during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
+    With ``update=False`` (or a non-finite loss) the adapter is left untouched. ``keep_noise`` draws every z
+    of the step once, up front and in parallel threads (:func:`prge_lib.lora.draw_noise`), and keeps it for
+    the forward and the update instead of drawing it again: half the random draws, for q·d floats of memory
+    during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
     """
     check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
-    with keeping_noise(layers) if keep_noise else contextlib.nullcontext():
+    with keeping_noise(layers, draw_noise(layers, seeds)) if keep_noise else contextlib.nullcontext():
         return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
 
 

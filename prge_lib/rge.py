@@ -13,6 +13,7 @@ layers can instead draw from :mod:`prge_lib.prng`, the generator an exported pro
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -31,14 +32,15 @@ def mix_seed(*parts: int) -> int:
     return h & 0x7FFFFFFFFFFFFFFF
 
 
-_GENERATORS: dict[str, torch.Generator] = {}
+_LOCAL = threading.local()     # one generator per thread and device: draws may run in parallel threads
 
 
 def _generator(device: torch.device) -> torch.Generator:
+    generators = _LOCAL.__dict__.setdefault("generators", {})
     key = str(device)
-    if key not in _GENERATORS:
-        _GENERATORS[key] = torch.Generator(device=device)
-    return _GENERATORS[key]
+    if key not in generators:
+        generators[key] = torch.Generator(device=device)
+    return generators[key]
 
 
 def gaussian(seed: int, index: int, shape: Sequence[int], device="cpu",

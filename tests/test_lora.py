@@ -3,7 +3,7 @@ import pytest
 import torch
 from fixtures import randomize_b
 
-from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, inject_lorafa,
+from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, draw_noise, inject_lorafa,
                            load_adapter, merge_lorafa, perturbed, read_adapter, save_adapter)
 from prge_lib.objective import copy_losses, row_losses, synthetic_batch
 
@@ -53,6 +53,34 @@ def test_copy_c_sees_only_its_own_perturbed_b(tiny_factory):
                 layer.lora_B.copy_(b)
         torch.testing.assert_close(together[c], alone, rtol=1e-5, atol=1e-5)
     assert len(set(together.tolist())) == len(copies)
+
+
+@pytest.mark.parametrize("copies", [
+    [(5, 0.01), (7, 0.01), (5, -0.01), (7, -0.01)],      # outer and inner: two blocks over the same seeds
+    [(5, 0.01), (7, 0.01)], [(5, 0.01), (5, -0.01)], [(5, 0.01)],
+    [(5, 0.01), (7, -0.01), (7, 0.01)],                    # no block structure: the copy-by-copy path
+    [(5, torch.tensor(0.01)), (5, torch.tensor(-0.01))],  # tensor scales (an exported program's ε)
+])
+def test_the_copies_of_b_are_b_plus_s_z_bit_for_bit(tiny_factory, copies):
+    layer = inject_lorafa(tiny_factory())[3]
+    randomize_b([layer])
+    layer.copies = copies
+    expected = torch.stack([layer.lora_B + scale * layer.noise(seed) for seed, scale in copies])
+    assert torch.equal(layer.copy_weights(), expected)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_noise_drawn_in_threads_equals_the_draws_one_by_one(tiny_factory, threads):
+    layers = inject_lorafa(tiny_factory())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        drawn = draw_noise(layers, [11, 12, 11, 13])
+    finally:
+        torch.set_num_threads(before)
+    assert [list(d) for d in drawn] == [[11, 12, 13]] * len(layers)
+    for layer, d in zip(layers, drawn):
+        assert all(torch.equal(z, layer.draw(seed)) for seed, z in d.items())
 
 
 def test_a_batch_that_does_not_split_into_the_copies_is_an_error(tiny_factory):
