@@ -17,13 +17,20 @@ from pathlib import Path
 _LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "datasets", "executorch", "prge-lib")
 
 
-def git_commit() -> str | None:
-    """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None."""
-    root = Path(__file__).resolve().parent.parent
+RESULTS_PATH = "data/results"      # where result files live, relative to the repository
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None.
+
+    Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
+    writes two in a row) does not make the next one's code dirty."""
+    root = root or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){RESULTS_PATH}"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -126,3 +126,25 @@ def test_train_options_are_the_train_config_fields():
     defaults = build_parser().parse_args(["train", "--task", "sst2", "--out", "x.json"])
     assert {name: getattr(defaults, name) for name in fields - {"task"}} == \
         {name: getattr(TrainConfig("sst2"), name) for name in fields - {"task"}}
+
+
+def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
+    import subprocess
+
+    from prge_lib.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "data" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "data" / "results" / "r.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    clean = git_commit(tmp_path)
+    assert clean and not clean.endswith("+dirty")
+    (tmp_path / "data" / "results" / "r.json").write_text('{"step": 1}\n')    # a result written by a run
+    assert git_commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == clean + "+dirty"
