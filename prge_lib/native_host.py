@@ -282,7 +282,7 @@ class NativeTrainer:
             for name in ("adapter.bin", "steps.tsv"):
                 files[name].unlink(missing_ok=True)
             if c.eval_every:
-                tr._eval_point(0)
+                tr.record_evaluation(0)
         while tr.step < c.steps:
             end = c.steps if not c.eval_every else min(c.steps, (tr.step // c.eval_every + 1) * c.eval_every)
             write_batches(files["batches.bin"], tr.step, [self.method.feed(tr.batch(t), t) for t in range(tr.step, end)])
@@ -298,7 +298,7 @@ class NativeTrainer:
             if self.progress:
                 print(f"{self.target}: {tr.step}/{c.steps} steps, loss {tr.history['losses'][-1]:.3f}", file=sys.stderr)
             if c.eval_every and tr.step % c.eval_every == 0:
-                tr._eval_point(tr.step)
+                tr.record_evaluation(tr.step)
             self._save_host_record(files)
         return tr.summary()
 

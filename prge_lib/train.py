@@ -297,7 +297,9 @@ class Trainer:
         self.elapsed["eval_s"] += time.perf_counter() - start
         return value
 
-    def _eval_point(self, step: int) -> dict:
+    def record_evaluation(self, step: int) -> dict:
+        """Validation accuracy at ``step``, plus test accuracy when it is the best validation so far (the
+        paper's model selection: test is reported at the best validation step); appended to the history."""
         record = {"step": step, "val": self.evaluate(self.data.val)}
         best = max((e["val"] for e in self.history["evals"]), default=-math.inf)
         if record["val"] > best:
@@ -350,7 +352,7 @@ class Trainer:
         if resume:
             self.load_checkpoint()
         elif c.eval_every:
-            self._eval_point(0)
+            self.record_evaluation(0)
         bar = tqdm(total=c.steps, initial=self.step, desc=f"{c.method} {self.task.name}",
                    disable=not self.progress)
         while self.step < c.steps:
@@ -374,7 +376,7 @@ class Trainer:
                 self.history["projected_grad"].append(record["projected_grad"])
             postfix = {"loss": f"{record['loss']:.3f}"}
             if c.eval_every and self.step % c.eval_every == 0:
-                postfix["val"] = f"{self._eval_point(self.step)['val']:.3f}"
+                postfix["val"] = f"{self.record_evaluation(self.step)['val']:.3f}"
             if c.checkpoint_every and self.step % c.checkpoint_every == 0:
                 self.save_checkpoint()
             bar.set_postfix(postfix)
@@ -386,7 +388,7 @@ class Trainer:
         """The result: settings, per-step losses, evaluations, test at best validation and at the end."""
         c, evals = self.config, self.history["evals"]
         if not evals or evals[-1]["step"] != self.step:
-            self._eval_point(self.step)
+            self.record_evaluation(self.step)
             evals = self.history["evals"]
         last = evals[-1]
         if "test" not in last:
