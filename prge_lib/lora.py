@@ -6,8 +6,9 @@ A LoRA-FA layer adds a low-rank path to a frozen projection W (out × in):
 
 For P-RGE the input batch holds n groups of rows (n = q queries × {+ε, −ε}); group c is multiplied by its own
 copy B_c = B + k_c ε z_{i_c}, with one batched matmul. Only the master B is a parameter; the copies exist
-during the forward only, and the noise z_i is redrawn from the query's seed (``prge_lib.rge.gaussian``) with
-the layer's index, so nothing of size q·d is stored between forwards. With ``noise="counter"`` it comes instead
+during the forward only, and the noise z_i is drawn from the query's seed (``prge_lib.rge.gaussian``) with
+the layer's index, so nothing of size q·d outlives a step (within a step the trainer may keep the draws for
+the update: :func:`draw_noise`, :func:`keeping_noise`; chapter 5). With ``noise="counter"`` it comes instead
 from ``prge_lib.prng``, at the layer's offset in one counter space over the whole adapter, so an exported
 program can draw every layer's z in one call (chapter 10).
 

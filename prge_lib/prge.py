@@ -7,6 +7,7 @@ One step with q query seeds s_1 … s_q on a batch of b rows:
     inner on  a query's +ε and −ε share one forward (batch repeated twice; chapter 6)
     g_i       = (ℓ(s_i, +ε) − ℓ(s_i, −ε)) / 2ε                                       Alg. 1 line 11
     update    B ← B − (η/q) Σ_i g_i z_i, z_i redrawn from s_i per layer              Alg. 1 line 14
+              (or kept from the forward when it fits the memory budget; chapter 5)
 
 Both switches off is sequential multi-query RGE (2q forwards of b rows); q = 1 is MeZO on LoRA-FA. The four
 settings compute the same numbers up to float rounding (tests/test_prge.py); they differ in speed only.
