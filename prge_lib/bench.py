@@ -86,7 +86,8 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
         method = MeZOFull(model, q, eps, lr)
         return (lambda t: method.step(source(rows, t), t)), rows, 2 * q
     layers = inject_lorafa(model)
-    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=False if name == "prge-redraw" else None)
+    keep_noise = False if name == "prge-redraw" else None       # None: the trainer's default
+    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=keep_noise)
     forwards = (1 if outer else q) * (1 if inner else 2)
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
 

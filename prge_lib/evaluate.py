@@ -17,7 +17,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .data import left_pad
 from .metrics import accuracy, exact_match, f1_score, ranking_auc
-from .objective import last_positions
+from .objective import tail_logits
 from .tasks import Task, check_single_token
 
 
@@ -34,14 +34,12 @@ def _encode(tokenizer, text: str, special: bool = True) -> list[int]:
 def answer_logits(model, tokenizer, prompts: list[str], token_ids: list[int], batch_size: int = 16,
                   desc: str = "answer logits") -> torch.Tensor:
     """Logits of ``token_ids`` at the position after each prompt: a (len(prompts), len(token_ids)) tensor.
-    Only the last position's logits are computed (``objective.last_positions``)."""
+    Only the last position's logits are computed (``objective.tail_logits``)."""
     encoded = [_encode(tokenizer, p) for p in prompts]
     out = torch.empty(len(prompts), len(token_ids))
     for batch in tqdm(_length_batches([len(e) for e in encoded], batch_size), desc=desc, leave=False):
         ids, mask = left_pad([encoded[i] for i in batch], tokenizer.pad_token_id)
-        keep = last_positions(1, ids.shape[1]).to(model.device)
-        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                       logits_to_keep=keep).logits[:, -1, :]
+        logits = tail_logits(model, ids.to(model.device), mask.to(model.device), 1)[:, -1, :]
         out[batch] = logits[:, token_ids].float().cpu()
     return out
 
@@ -57,9 +55,7 @@ def continuation_logprob(model, tokenizer, pairs: list[tuple[str, str]], batch_s
     for batch in tqdm(_length_batches(lengths, batch_size), desc=desc, leave=False):
         ids, mask = left_pad([contexts[i] + conts[i] for i in batch], tokenizer.pad_token_id)
         keep = max(len(conts[i]) for i in batch) + 1
-        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                       logits_to_keep=last_positions(keep, ids.shape[1]).to(model.device)
-                       ).logits.float().log_softmax(-1).cpu()
+        logits = tail_logits(model, ids.to(model.device), mask.to(model.device), keep).float().log_softmax(-1).cpu()
         for row, i in enumerate(batch):
             c = len(conts[i])
             # logits kept at positions L-keep..L-1; token L-c+j is predicted at position L-c+j-1

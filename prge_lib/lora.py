@@ -73,10 +73,7 @@ class LoRAFALinear(nn.Module):
         """z for this layer under query seed ``seed`` (same draw as MeZO's over the list of B's)."""
         if self.kept is not None and seed in self.kept:
             return self.kept[seed]
-        z = self.draw(seed)
-        if self.kept is not None:
-            self.kept[seed] = z
-        return z
+        return self.draw(seed)
 
     def draw(self, seed: int) -> torch.Tensor:
         """A fresh draw of z: a pure function of the seed and the layer's place, whichever thread runs it."""
@@ -194,11 +191,11 @@ def draw_noise(layers: Sequence[LoRAFALinear], seeds: Sequence[int]) -> list[dic
 
 
 @contextmanager
-def keeping_noise(layers: Sequence[LoRAFALinear], given: Sequence[dict[int, torch.Tensor]] | None = None):
-    """Within the block every layer keeps each z it draws (seed -> z), so a step draws each z once; with
-    ``given``, layer j uses ``given[j]`` instead of drawing. Outside the block nothing is kept."""
-    for j, layer in enumerate(layers):
-        layer.kept = {} if given is None else given[j]
+def keeping_noise(layers: Sequence[LoRAFALinear], given: Sequence[dict[int, torch.Tensor]]):
+    """Within the block layer j uses ``given[j]`` (seed -> z, e.g. from :func:`draw_noise`) instead of drawing,
+    so a step draws each z once. Outside the block nothing is kept."""
+    for layer, kept in zip(layers, given, strict=True):
+        layer.kept = kept
     try:
         yield
     finally:

@@ -83,11 +83,15 @@ def last_positions(width: int, length: int) -> torch.Tensor:
     return torch.arange(length - width, length)
 
 
+def tail_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """The model's logits at the last ``width`` positions only: a (rows, width, vocab) tensor."""
+    keep = last_positions(width, input_ids.shape[1]).to(input_ids.device)
+    return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+
+
 def row_losses(model, batch: Batch) -> torch.Tensor:
     """Mean cross-entropy over each row's target tokens: a (rows,) tensor (at least fp32)."""
-    width, length = batch.targets.shape[1], batch.input_ids.shape[1]
-    keep = last_positions(width, length).to(batch.input_ids.device)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    logits = tail_logits(model, batch.input_ids, batch.attention_mask, batch.targets.shape[1])
     return target_losses(logits, batch.targets)
 
 

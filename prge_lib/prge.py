@@ -36,9 +36,7 @@ def keeps_noise(layers: Sequence[LoRAFALinear], q: int, keep_noise: bool | None 
     """``keep_noise``, or for None (the default) whether q·d floats of noise fit ``KEEP_NOISE_BUDGET_MIB``."""
     if keep_noise is not None:
         return bool(keep_noise)
-    floats = q * sum(layer.lora_B.numel() for layer in layers)
-    itemsize = layers[0].lora_B.element_size() if layers else 4
-    return floats * itemsize <= KEEP_NOISE_BUDGET_MIB * 2 ** 20
+    return q * sum(layer.lora_B.nbytes for layer in layers) <= KEEP_NOISE_BUDGET_MIB * 2 ** 20
 
 
 def step_seeds(run_seed: int, step: int, q: int) -> list[int]:

@@ -31,12 +31,12 @@ from .bench import bench
 from .data import sample_task
 from .evaluate import zero_shot
 from .models import load_model
-from .provenance import atomic_file, provenance, write_result
+from .provenance import RESULTS_PATH, atomic_file, provenance, write_result
 from .tasks import get_task
 from .train import TrainConfig, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "data" / "results"
+RESULTS = REPO / RESULTS_PATH
 CHECKPOINTS = REPO / "runs" / "reproduce"
 PROFILES = ("cpu", "paper")
 BACKENDS = ("local", "ray")
