@@ -46,6 +46,13 @@ BACKENDS = ("local", "ray")
 SECONDS_PER_STEP = {"fo": 2.5, "fo-lorafa": 1.2, "mezo": 4.0, "mezo-lorafa": 1.2, "prge": 1.3, "senszoq": 2.0,
                     "mebp": 2.0}
 EVAL_SECONDS = 60.0          # one validation (500) plus, at a new best, one test (1000) evaluation
+# Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
+# peak): a step of 2E = 32 rows of 64 tokens takes about 3 s here, and grows about linearly with the length;
+# the quantized factors are rough guesses for bitsandbytes' CPU kernels, to be replaced by measured ones
+BENCH_REPEATS = 5
+BENCH_SECONDS_PER_STEP_L64 = 3.0
+BENCH_LOAD_SECONDS = 3.0
+BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 2.0, "nf4": 2.0}
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,11 @@ BENCH_ROWS = {
     "runtime": tuple(Row(f"bench-{quant}", f"step time ({quant})", "bench",
                          {"methods": _BENCH_METHODS, "quant": quant, "qs": (1, 4, 16)}, seeds={"paper": (0,), "cpu": (0,)})
                      for quant in ("none", "int8", "nf4")),
+    # the memory grid's figures are the peaks, each measured in a fresh process, which other load on the
+    # machine does not change; one timing round suffices there (step times are the runtime grid's)
     "memory": (Row("bench-memory", "peak memory", "bench",
-                   {"methods": ("inference", "fo", "fo-lorafa") + _BENCH_METHODS, "quant": "none", "qs": (4,)},
+                   {"methods": ("inference", "fo", "fo-lorafa") + _BENCH_METHODS, "quant": "none", "qs": (4,),
+                    "repeats": 1},
                    seeds={"paper": (0,), "cpu": (0,)}),),
 }
 # Chapters 8 and 9: SensZOQ's masks (Guo et al. Fig. 6a: the C4 mask against four baselines at 0.1%, and the
@@ -239,7 +249,11 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
     if cell.kind == "zeroshot":
         return EVAL_SECONDS
     if cell.kind == "bench":
-        return 600.0
+        c = cell.config()
+        configs = sum(len(c["qs"]) if m.startswith("prge") else 1 for m in c["methods"])
+        steps = configs * (c.get("repeats", BENCH_REPEATS) + 1) * 2     # timing rounds, then the peak's process
+        return (steps * BENCH_SECONDS_PER_STEP_L64 * c["seq_len"] / 64 * BENCH_QUANT_FACTOR[c["quant"]]
+                + (configs + 1) * c.get("repeats", BENCH_REPEATS) * BENCH_LOAD_SECONDS)
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
     return remaining_steps * SECONDS_PER_STEP[c["method"]] + evals * EVAL_SECONDS
@@ -307,7 +321,8 @@ def _run_bench(cell: Cell) -> dict:
 
     c = cell.config()
     spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
-    result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"])
+    result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"],
+                   repeats=c.get("repeats", BENCH_REPEATS))
     result.update(kind="bench", config=c, seed=cell.seed)
     return result
 

@@ -31,6 +31,22 @@ def test_grids_have_the_papers_rows_and_unique_names():
     assert [rp.lr_text(v) for v in (1e-3, 3e-4, 1.5e-4, 1e-7)] == ["1e-3", "3e-4", "1.5e-4", "1e-7"]
 
 
+def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch):
+    # the memory grid's figures are peaks (fresh processes): it times one round, the runtime grid five
+    memory, runtime = rp.grid_cells("memory"), rp.grid_cells("runtime")
+    assert {c.config()["repeats"] for c in memory} == {1}
+    assert all("repeats" not in c.config() for c in runtime)
+    seen = {}
+    monkeypatch.setattr(rp, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
+    rp._run_bench(memory[0])
+    assert seen["repeats"] == 1 and seen["seq_len"] == 64
+    # --list's estimate grows with the length, the configurations, the rounds and the quantization
+    est = {c.name: rp.estimate_seconds(c, 0) for c in memory + runtime}
+    assert est["synthetic/bench-none-L256_seed0"] > est["synthetic/bench-none-L64_seed0"]
+    assert est["synthetic/bench-nf4-L64_seed0"] > est["synthetic/bench-none-L64_seed0"]
+    assert est["synthetic/bench-none-L64_seed0"] > est["synthetic/bench-memory-L64_seed0"]
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda: rp.grid_cells("table9"), r"unknown grid 'table9'; choose one of \['table1'"),
     (lambda: rp.grid_cells("table1", "laptop"), r"unknown profile 'laptop'; choose one of \['cpu', 'paper'\]"),
