@@ -39,3 +39,14 @@ TABLE7 = {"mezo-lora": 90.9, "mezo-lora-fa": 92.0, "mezo-dora": 90.9, "mezo-vera
 # (872 GLUE dev sentences) of each seed after 1000 steps. Driven by the same random streams (data sample,
 # A, noise), prge_lib's step reproduces its accuracy exactly; chapter 7 compares the two over seeds.
 REFERENCE_PRGE_SST2 = {"val_mean": {250: 61.0, 500: 68.0, 750: 74.0}, "test_1000": {0: 77.8, 1: 73.4, 2: 74.9}}
+
+# Gao et al. (ACL version) Table 3: peak memory (GB) of TinyLlama-1.1B on an A100, weights included (ZO in
+# fp16, FO in mixed precision), per sequence length and batch size B (P-RGE: both loops, q·E = B). Keys are
+# the memory grid's configurations (prge_lib.bench.CONFIGS).
+TABLE3_MEMORY_GB = {
+    "seq_lens": (64, 128, 256), "batch_sizes": (1, 8, 16),
+    "fo": {64: (11.32, 12.00, 12.78), 128: (11.44, 13.00, 14.76), 256: (11.77, 15.62, 20.02)},
+    "fo-lorafa": {64: (4.15, 5.00, 5.98), 128: (4.27, 5.98, 7.81), 256: (4.51, 7.81, 11.58)},
+    "mezo-lorafa": {64: (2.09, 2.19, 2.32), 128: (2.10, 2.32, 2.56), 256: (2.13, 2.56, 3.05)},
+    "prge": {64: (2.11, 2.32, 2.56), 128: (2.14, 2.56, 3.05), 256: (2.20, 3.05, 3.98)},
+}

@@ -78,7 +78,7 @@ def record_command(command: str | None) -> None:
 
 
 def provenance(wall_time_s: float | None = None, command: str | None = None) -> dict:
-    """The provenance block of a result: command line, commit, versions, hardware, time stamp.
+    """The provenance block of a result: command line, commit, versions, hardware, time stamp, load.
 
     ``command`` defaults to the one :func:`record_command` kept, else to this process's arguments.
     The commit is read when this module is first imported, so a long run reports the code it started
@@ -91,7 +91,17 @@ def provenance(wall_time_s: float | None = None, command: str | None = None) -> 
         "fast_mode": os.environ.get("PRGE_FAST", ""),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_time_s": None if wall_time_s is None else round(wall_time_s, 3),
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1-, 5- and 15-minute load averages as the result is written: well above the run's own
+    ``torch_threads``, the CPU was shared and the wall time (not the result) says so."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def check_writable(path: str | os.PathLike, folder: bool = False, option: str = "the output") -> None:

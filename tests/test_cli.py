@@ -20,6 +20,7 @@ def test_zeroshot_writes_result_with_provenance(fixture_data, tmp_path, monkeypa
     prov = result["provenance"]
     assert {"command", "commit", "versions", "hardware", "wall_time_s"} <= set(prov)
     assert prov["versions"]["torch"].startswith("2.13.0") and prov["wall_time_s"] > 0
+    assert len(prov["load_average"]) == 3 and min(prov["load_average"]) >= 0     # was the CPU shared?
 
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
