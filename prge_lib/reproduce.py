@@ -49,7 +49,6 @@ EVAL_SECONDS = 60.0          # one validation (500) plus, at a new best, one tes
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): a step of 2E = 32 rows of 64 tokens takes about 3 s here, and grows about linearly with the length;
 # the quantized factors are rough guesses for bitsandbytes' CPU kernels, to be replaced by measured ones
-BENCH_REPEATS = 5
 BENCH_SECONDS_PER_STEP_L64 = 3.0
 BENCH_LOAD_SECONDS = 3.0
 BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 2.0, "nf4": 2.0}
@@ -144,7 +143,7 @@ PEFT_ROWS = tuple(
 _BENCH_METHODS = ("mezo", "mezo-lorafa", "prge-outer", "prge-inner", "prge")
 BENCH_ROWS = {
     "runtime": tuple(Row(f"bench-{quant}", f"step time ({quant})", "bench",
-                         {"methods": _BENCH_METHODS, "quant": quant, "qs": (1, 4, 16)}, seeds={"paper": (0,), "cpu": (0,)})
+                         {"methods": _BENCH_METHODS, "quant": quant, "qs": (1, 4, 16), "repeats": 5}, seeds={"paper": (0,), "cpu": (0,)})
                      for quant in ("none", "int8", "nf4")),
     # the memory grid's figures are the peaks, each measured in a fresh process, which other load on the
     # machine does not change; one timing round suffices there (step times are the runtime grid's)
@@ -251,9 +250,9 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
     if cell.kind == "bench":
         c = cell.config()
         configs = sum(len(c["qs"]) if m.startswith("prge") else 1 for m in c["methods"])
-        steps = configs * (c.get("repeats", BENCH_REPEATS) + 1) * 2     # timing rounds, then the peak's process
+        steps = configs * (c["repeats"] + 1) * 2     # timing rounds, then the peak's process
         return (steps * BENCH_SECONDS_PER_STEP_L64 * c["seq_len"] / 64 * BENCH_QUANT_FACTOR[c["quant"]]
-                + (configs + 1) * c.get("repeats", BENCH_REPEATS) * BENCH_LOAD_SECONDS)
+                + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS)
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
     return remaining_steps * SECONDS_PER_STEP[c["method"]] + evals * EVAL_SECONDS
@@ -322,7 +321,7 @@ def _run_bench(cell: Cell) -> dict:
     c = cell.config()
     spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
     result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"],
-                   repeats=c.get("repeats", BENCH_REPEATS))
+                   repeats=c["repeats"])
     result.update(kind="bench", config=c, seed=cell.seed)
     return result
 

@@ -35,7 +35,7 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     # the memory grid's figures are peaks (fresh processes): it times one round, the runtime grid five
     memory, runtime = rp.grid_cells("memory"), rp.grid_cells("runtime")
     assert {c.config()["repeats"] for c in memory} == {1}
-    assert all("repeats" not in c.config() for c in runtime)
+    assert {c.config()["repeats"] for c in runtime} == {5}
     seen = {}
     monkeypatch.setattr(rp, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
     rp._run_bench(memory[0])
