@@ -41,6 +41,22 @@ def release_memory() -> None:
         pass
 
 
+M_MMAP_THRESHOLD = -3          # mallopt parameter (glibc malloc.h)
+
+
+def pin_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Serve every block of ``nbytes`` or more from its own mapping, returned to the system when freed.
+
+    glibc raises its mmap threshold each time a mapped block is freed, after which large tensors come from
+    the heap, whose freed holes stay resident: the resident set then counts memory no tensor holds (measured:
+    FO on LoRA-FA, E 16, L 64: 2040 MiB above the model by default, 995 MiB pinned). Setting the threshold
+    turns the raise off, so the resident set follows the live tensors. False where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+    except (OSError, AttributeError):
+        return False
+
+
 class PeakMemory:
     """Peak memory above the level at ``start()``, in MiB (CPU: resident set; CUDA: allocator).
 
@@ -65,6 +81,8 @@ class PeakMemory:
             self._stop.wait(0.001)
 
     def start(self) -> None:
+        if not self.cuda:
+            pin_mmap_threshold()       # the resident set then follows live tensors, not the allocator's holes
         release_memory()
         if self.cuda:
             torch.cuda.synchronize()
