@@ -10,7 +10,7 @@ and a C4 mask would need minutes of gradients first.
 
 Each method runs in a fresh process. ``held_mib``: the resident memory the method keeps between steps (model,
 adapter or sparse values, optimizer state) above the process before loading; ``step_peak_mib``: the peak of
-the timed steps above that; ``total_mib``: their sum, what a device must have free. The loaded weights are
+one more step above that, metered after the timed ones (:class:`prge_lib.measure.PeakMemory` slows what follows it); ``total_mib``: their sum, what a device must have free. The loaded weights are
 copied into the process's own memory first, so they count as its memory rather than as pages of the cached
 model file. Times compare only within one run on one otherwise idle machine.
 """
@@ -76,9 +76,10 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
     step: Callable[[int], dict] = lambda t: built.step(batch, t)     # noqa: E731
     time_steps(step, 0, warmup, dev.type == "cuda")
     held = held_mib(dev) - before
-    meter = PeakMemory(dev)
-    meter.start()
     times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
+    meter = PeakMemory(dev)             # after the timed steps: metering slows the steps that follow it
+    meter.start()
+    step(warmup + steps)
     peak = meter.peak_mib()
     return {"method": spec, "seq_len": seq_len, "rows": rows, "batch_rows": batch.rows, "quant": config.quant,
             "trainable": sum(p.numel() for p in built.trainable().values()),

@@ -11,14 +11,14 @@ language modelling (every next token scored, :func:`prge_lib.mebp.lm_batches`):
 
 Each configuration runs in a fresh process (:func:`prge_lib.measure.in_fresh_process`): ``held_mib`` is the
 memory the loaded model, its adapter and Adam's state hold after one warm-up step, above the process before
-loading (``tensors_mib``: the bytes of its tensors, NF4 and Adam's state included); ``step_peak_mib`` the peak during the timed steps above that; ``total_mib`` their sum. MeBP rows
+loading (``tensors_mib``: the bytes of its tensors, NF4 and Adam's state included); ``step_peak_mib`` the peak
+of one more step after the timed ones (metering slows what follows it), above that; ``total_mib`` their sum. MeBP rows
 add the share of the forward pass spent dequantizing and of the backward pass dequantizing and reading
 checkpoints (seed 004 Table 2). Times compare only within one run on one otherwise idle machine.
 """
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 from typing import Sequence
@@ -29,7 +29,6 @@ from .measure import PeakMemory, in_fresh_process, release_memory, status_kib, t
 from .mebp import PHASES, MeBP, add_lazy_lora, lm_batches
 from .objective import row_losses
 
-MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"    # glibc's setting (a fixed value also stops its dynamic growth)
 CONFIGS = {"fo-lora": ("plain", "none"), "fo-lora-nf4": ("plain", "nf4"), "mebp": ("mebp", "nf4"),
            "mebp-fp32": ("mebp", "none")}
 
@@ -83,10 +82,12 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
                    for v in state.values() if torch.is_tensor(v))
     if family == "mebp":
         method.times = dict.fromkeys(PHASES, 0.0)
-    meter = PeakMemory(dev)
-    meter.start()
     times = time_steps(lambda t: losses.append(method.step(batch, t)["loss"]), steps, 0, dev.type == "cuda",
                        first=warmup)
+    phase_times = dict(getattr(method, "times", {}))
+    meter = PeakMemory(dev)             # after the timed steps: metering slows the steps that follow it
+    meter.start()
+    losses.append(method.step(batch, warmup + steps)["loss"])
     peak = meter.peak_mib()
     row = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "held_mib": round(held, 1),
            "tensors_mib": round(tensors / 2**20, 1),
@@ -94,7 +95,7 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
            "total_mib": None if peak is None else round(held + peak, 1),
            "step_s": round(statistics.median(times), 3), "losses": [round(x, 4) for x in losses]}
     if family == "mebp":
-        t = method.times
+        t = phase_times
         forward = t["forward"] + t["dequantize_forward"] + t["write"]
         backward = t["read"] + t["dequantize_backward"] + t["recompute_backward"]
         row["phases_s"] = {k: round(v / steps, 4) for k, v in t.items()}
@@ -108,31 +109,17 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
 
 def mebp_memory_and_time(configs: Sequence[str] = ("fo-lora", "fo-lora-nf4", "mebp"),
                          seq_lens: Sequence[int] = (128, 512), batch_size: int = 1, steps: int = 2,
-                         warmup: int = 1, device: str = "cpu", fresh: bool = True,
-                         live_rss: bool = False) -> list[dict]:
+                         warmup: int = 1, device: str = "cpu", fresh: bool = True) -> list[dict]:
     """Peak memory and time per step of each configuration at each sequence length, on the embedded
-    SmolLM2-135M; each one in a fresh process unless ``fresh`` is False (memory then less meaningful).
-
-    ``live_rss`` runs the workers with glibc's mmap threshold fixed at 128 KiB: every larger block is a
-    mapping of its own, returned when freed, so the resident set follows the live tensors rather than what
-    the heap keeps (steps get slower: each large allocation faults its pages in)."""
+    SmolLM2-135M; each one in a fresh process unless ``fresh`` is False (memory then less meaningful, and
+    this process's later steps slower: see :class:`prge_lib.measure.PeakMemory`)."""
     rows = []
-    saved = os.environ.get(MMAP_THRESHOLD)
-    try:
-        if live_rss:
-            os.environ[MMAP_THRESHOLD] = str(128 * 1024)
-        for seq_len in seq_lens:
-            for config in configs:
-                job = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
-                       "warmup": warmup, "device": device}
-                row = (in_fresh_process(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
-                       if fresh else measure_config(**job))
-                rows.append({**row, "live_rss": live_rss and fresh})
-    finally:
-        if saved is None:
-            os.environ.pop(MMAP_THRESHOLD, None)
-        else:
-            os.environ[MMAP_THRESHOLD] = saved
+    for seq_len in seq_lens:
+        for config in configs:
+            job = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
+                   "warmup": warmup, "device": device}
+            rows.append(in_fresh_process(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
+                        if fresh else measure_config(**job))
     return rows
 
 

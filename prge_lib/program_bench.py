@@ -5,8 +5,8 @@ A program has fixed shapes, so the host pads every batch to the exported width, 
 each batch only to its own longest row. Comparing a runtime run with an eager training run therefore mixes two
 things; here both sides get the same random batch of the program's shapes. Each side runs in a fresh process
 (``python -m prge_lib.program_bench``) so that its memory is its own. Memory is the resident set: after loading
-(Python, torch and the weights or the program included) and the peak during the steps above that level
-(:class:`prge_lib.measure.PeakMemory`). On a phone the C++ runtime needs neither Python nor torch, so the load
+(Python, torch and the weights or the program included) and the peak of one more step after the timed ones
+above that level (:class:`prge_lib.measure.PeakMemory`, which slows what follows it). On a phone the C++ runtime needs neither Python nor torch, so the load
 figure is an upper bound there.
 """
 from __future__ import annotations
@@ -64,9 +64,10 @@ def _measure(job: dict) -> dict:
     load_s = time.perf_counter() - start
     step(*inputs)                                  # first call: pages the weights in, plans memory
     loaded = status_kib("VmRSS")
-    meter = PeakMemory(torch.device("cpu"))
-    meter.start()
     times = time_steps(lambda t: step(*inputs), job["repeats"], job["warmup"], cuda=False)
+    meter = PeakMemory(torch.device("cpu"))       # after the timed steps: metering slows what follows it
+    meter.start()
+    step(*inputs)
     peak = meter.peak_mib()
     return {"load_s": load_s, "step_s": times, "median_s": statistics.median(times),
             "resident_before_load_mib": before / 1024 if before else None,
