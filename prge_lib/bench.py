@@ -13,7 +13,7 @@ import json
 import random
 import statistics
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -110,6 +110,17 @@ def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: i
     return floor
 
 
+def configurations(names: Sequence[str], qs: Sequence[int]) -> list[tuple[str, tuple[str, int]]]:
+    """(key, (name, q)) for each configuration :func:`bench` measures: P-RGE names once per q in ``qs``
+    (keyed "prge@q4" when there are several), every other name once with q = 1."""
+    runs = []
+    for name in names:
+        per_q = name.startswith("prge")
+        for q in (qs if per_q else (1,)):
+            runs.append((f"{name}@q{q}" if per_q and len(qs) > 1 else name, (name, q)))
+    return runs
+
+
 def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
           seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
           task: str | None = None, progress: Callable[[str], None] = print) -> dict:
@@ -129,11 +140,7 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     if unknown:
         raise ValueError(f"unknown benchmark configuration(s) {unknown}; choose from {list(CONFIGS)}")
 
-    runs = [("floor", None)]
-    for name in names:
-        per_q = name.startswith("prge")
-        for q in (qs if per_q else (1,)):
-            runs.append((f"{name}@q{q}" if per_q and len(qs) > 1 else name, (name, q)))
+    runs = [("floor", None)] + configurations(names, qs)
     times: dict[str, list[float]] = {key: [] for key, _ in runs}
     floors: list[dict] = []
     shape: dict[str, tuple[int, int]] = {}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .bench import bench
+from .bench import bench, configurations
 from .data import sample_task
 from .evaluate import zero_shot
 from .models import load_model
@@ -249,7 +249,7 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
         return EVAL_SECONDS
     if cell.kind == "bench":
         c = cell.config()
-        configs = sum(len(c["qs"]) if m.startswith("prge") else 1 for m in c["methods"])
+        configs = len(configurations(c["methods"], c["qs"]))
         steps = configs * (c["repeats"] + 1) * 2     # timing rounds, then the peak's process
         return (steps * BENCH_SECONDS_PER_STEP_L64 * c["seq_len"] / 64 * BENCH_QUANT_FACTOR[c["quant"]]
                 + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS)
