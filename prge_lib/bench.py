@@ -185,7 +185,7 @@ def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, war
     """Peak memory (MiB above the loaded model) of ``warmup`` + 1 steps of ``name``, in a fresh process."""
     job = {"model": model, "name": name, "E": E, "q": q, "seq_len": seq_len, "warmup": warmup, "task": task,
            "eps": eps, "lr": lr}
-    return in_fresh_process("prge_lib.bench", job, f"memory measurement of {name!r}")["peak_mib"]
+    return in_fresh_process("prge_lib.bench", job, f"memory measurement of {name!r}", live_memory=True)["peak_mib"]
 
 
 def _measure_peak(job: dict) -> float | None:

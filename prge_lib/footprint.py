@@ -10,7 +10,8 @@ and a C4 mask would need minutes of gradients first.
 
 Each method runs in a fresh process. ``held_mib``: the resident memory the method keeps between steps (model,
 adapter or sparse values, optimizer state) above the process before loading; ``step_peak_mib``: the peak of
-one more step above that, metered after the timed ones (:class:`prge_lib.measure.PeakMemory` slows what follows it); ``total_mib``: their sum, what a device must have free. The loaded weights are
+one step above that, metered in a second fresh process whose allocator is pinned from the start
+(:func:`prge_lib.measure.timed_and_metered`: metering slows steps, so the times come from the first); ``total_mib``: their sum, what a device must have free. The loaded weights are
 copied into the process's own memory first, so they count as its memory rather than as pages of the cached
 model file. Times compare only within one run on one otherwise idle machine.
 """
@@ -23,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .measure import PeakMemory, in_fresh_process, release_memory, status_kib, time_steps
+from .measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
 from .models import load_model
 from .objective import synthetic_batch
 from .train import SELF_QUANTIZING, ZO_METHODS, TrainConfig, build_method
@@ -59,9 +60,9 @@ def method_config(method: str, rows: int, **settings) -> TrainConfig:
 
 
 def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2, warmup: int = 1,
-                   device: str = "cpu") -> dict:
-    """Held memory, step peak and step time of ``spec`` (see :func:`parse_spec`) in this process (the worker
-    of :func:`footprint`)."""
+                   device: str = "cpu", meter: bool = False) -> dict:
+    """Held memory and step time of ``spec`` (see :func:`parse_spec`) in this process, or with ``meter`` held
+    memory and the peak of one step after the warm-up (the two workers of :func:`footprint`)."""
     method, settings = parse_spec(spec)
     dev = torch.device(device)
     config = method_config(method, rows, device=device, **settings)
@@ -75,30 +76,32 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
     batch = synthetic_batch(config.batch_size, seq_len, model.config.vocab_size).to(dev)   # as the trainer feeds it
     step: Callable[[int], dict] = lambda t: built.step(batch, t)     # noqa: E731
     time_steps(step, 0, warmup, dev.type == "cuda")
-    held = held_mib(dev) - before
+    row = {"method": spec, "seq_len": seq_len, "rows": rows, "batch_rows": batch.rows, "quant": config.quant,
+           "trainable": sum(p.numel() for p in built.trainable().values()),
+           "held_mib": round(held_mib(dev) - before, 1), "threads": torch.get_num_threads()}
+    if meter:
+        peak_meter = PeakMemory(dev)
+        peak_meter.start()
+        step(warmup)
+        peak = peak_meter.peak_mib()
+        return {**row, "step_peak_mib": None if peak is None else round(peak, 1)}
     times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
-    meter = PeakMemory(dev)             # after the timed steps: metering slows the steps that follow it
-    meter.start()
-    step(warmup + steps)
-    peak = meter.peak_mib()
-    return {"method": spec, "seq_len": seq_len, "rows": rows, "batch_rows": batch.rows, "quant": config.quant,
-            "trainable": sum(p.numel() for p in built.trainable().values()),
-            "held_mib": round(held, 1), "step_peak_mib": None if peak is None else round(peak, 1),
-            "total_mib": None if peak is None else round(held + peak, 1),
-            "step_s": round(statistics.median(times), 3), "times_s": [round(t, 3) for t in times],
-            "threads": torch.get_num_threads()}
+    return {**row, "step_s": round(statistics.median(times), 3), "times_s": [round(t, 3) for t in times]}
 
 
 def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 16, steps: int = 2,
               warmup: int = 1, device: str = "cpu", progress: Callable[[str], None] = print) -> list[dict]:
-    """:func:`measure_method` for each of ``methods`` (specs, :func:`parse_spec`), each in a fresh process."""
+    """:func:`measure_method` for each of ``methods`` (specs, :func:`parse_spec`): timed in one fresh process,
+    metered in another (:func:`prge_lib.measure.timed_and_metered`)."""
     for spec in methods:
         parse_spec(spec)
     rows_out = []
     for method in methods:
         job = {"spec": method, "seq_len": seq_len, "rows": rows, "steps": steps, "warmup": warmup,
                "device": device}
-        row = in_fresh_process(__name__, job, f"footprint of {method}")
+        row, metered = timed_and_metered(__name__, job, f"footprint of {method}")
+        peak = metered["step_peak_mib"]
+        row.update(step_peak_mib=peak, total_mib=None if peak is None else round(row["held_mib"] + peak, 1))
         progress(f"{method}: held {row['held_mib']:.0f} MiB, step peak {row['step_peak_mib']} MiB, "
                  f"{row['step_s']:.2f} s/step")
         rows_out.append(row)

@@ -64,10 +64,12 @@ class PeakMemory:
     On a CPU two readings are combined: the kernel's high-water mark (``VmHWM``, reset through
     ``/proc/self/clear_refs``), which Linux refreshes only at some events (unmapping memory, exit), and a
     thread sampling the resident set every millisecond, which catches peaks the high-water mark misses.
-    ``start()`` pins glibc's mmap threshold (:func:`pin_mmap_threshold`) for the rest of the process, so the
-    peak is the live tensors' peak. That makes each later large allocation fault its pages in, so steps get
-    slower (measured at E 16, L 64: P-RGE q 4 3.2 -> 4.3 s, FO on LoRA-FA 3.5 -> 6.5 s): time steps before
-    ``start()`` or in another process, never after it.
+    ``start()`` pins glibc's mmap threshold (:func:`pin_mmap_threshold`) for the rest of the process, so
+    blocks freed from then on leave the resident set. Blocks the heap kept before stay reusable, so a
+    process pinned from its start (``in_fresh_process(..., live_memory=True)``) is what gives the live
+    tensors' peak. Pinning makes each later large allocation fault its pages in, so steps get slower
+    (measured at E 16, L 64: P-RGE q 4 3.2 -> 4.3 s, FO on LoRA-FA 3.5 -> 6.5 s): time steps in another
+    process (:func:`timed_and_metered`), never after ``start()``.
     """
 
     def __init__(self, device: torch.device):
@@ -129,10 +131,30 @@ def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: b
     return times
 
 
-def in_fresh_process(module: str, job: dict, what: str) -> dict:
+LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}   # glibc reads it at start: pinned from the first block
+
+
+def in_fresh_process(module: str, job: dict, what: str, live_memory: bool = False) -> dict:
     """Run ``python -m module <job as JSON>`` and return the JSON object its last stdout line prints: a
-    measurement whose memory is its own. ``what`` names it in the error if the worker fails."""
-    proc = subprocess.run([sys.executable, "-m", module, json.dumps(job)], capture_output=True, text=True)
+    measurement whose memory is its own. ``what`` names it in the error if the worker fails.
+
+    ``live_memory`` starts the worker with glibc's mmap threshold pinned (:func:`pin_mmap_threshold`) before
+    its first allocation. Pinning later, as :class:`PeakMemory` does, cannot undo what the heap already keeps:
+    malloc serves a large block from a free heap chunk before it considers a mapping (measured: FO on
+    LoRA-FA, E 16, L 64, metered after two unpinned steps: 1839 MiB; pinned from the start: 895 MiB)."""
+    env = {**os.environ, **LIVE_MEMORY_ENV} if live_memory else None
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(job)], capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def timed_and_metered(module: str, job: dict, what: str) -> tuple[dict, dict]:
+    """The worker of ``module`` twice, each in a fresh process: once timing steps under the default
+    allocator (``meter`` False in the job), once metering a step's peak with the allocator pinned from the
+    start (``meter`` True). Timing a pinned process would be slower and unevenly so (each large allocation
+    faults its pages in); metering an unpinned one counts the heap's holes."""
+    timed = in_fresh_process(module, {**job, "meter": False}, what)
+    metered = in_fresh_process(module, {**job, "meter": True}, f"{what} (memory)", live_memory=True)
+    return timed, metered

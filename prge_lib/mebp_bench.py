@@ -9,10 +9,11 @@ language modelling (every next token scored, :func:`prge_lib.mebp.lm_batches`):
     mebp         MeBP, NF4 base (prge_lib.mebp)
     mebp-fp32    MeBP, fp32 base (checkpointing without quantization)
 
-Each configuration runs in a fresh process (:func:`prge_lib.measure.in_fresh_process`): ``held_mib`` is the
+Each configuration runs in two fresh processes (:func:`prge_lib.measure.timed_and_metered`): ``held_mib`` is the
 memory the loaded model, its adapter and Adam's state hold after one warm-up step, above the process before
 loading (``tensors_mib``: the bytes of its tensors, NF4 and Adam's state included); ``step_peak_mib`` the peak
-of one more step after the timed ones (metering slows what follows it), above that; ``total_mib`` their sum. MeBP rows
+of one step above that, metered in a second fresh process pinned from the start
+(:func:`prge_lib.measure.timed_and_metered`); ``total_mib`` their sum. MeBP rows
 add the share of the forward pass spent dequantizing and of the backward pass dequantizing and reading
 checkpoints (seed 004 Table 2). Times compare only within one run on one otherwise idle machine.
 """
@@ -25,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .measure import PeakMemory, in_fresh_process, release_memory, status_kib, time_steps
+from .measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
 from .mebp import PHASES, MeBP, add_lazy_lora, lm_batches
 from .objective import row_losses
 
@@ -58,8 +59,9 @@ def _held_mib(device: torch.device) -> float:
 
 
 def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, warmup: int = 1,
-                   device: str = "cpu", lr: float = 1e-4) -> dict:
-    """One configuration in this process (the worker of :func:`mebp_memory_and_time`)."""
+                   device: str = "cpu", lr: float = 1e-4, meter: bool = False) -> dict:
+    """One configuration in this process: held memory and step times, or with ``meter`` held memory and the
+    peak of one step after the warm-up (the two workers of :func:`mebp_memory_and_time`)."""
     from .models import load_model
 
     if config not in CONFIGS:
@@ -80,22 +82,21 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
     tensors += sum(layer.nf4.nbytes() for layer in model.modules() if getattr(layer, "nf4", None) is not None)
     tensors += sum(v.numel() * v.element_size() for state in method.optimizer.state.values()
                    for v in state.values() if torch.is_tensor(v))
+    row = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "held_mib": round(held, 1),
+           "tensors_mib": round(tensors / 2**20, 1)}
+    if meter:
+        peak_meter = PeakMemory(dev)
+        peak_meter.start()
+        method.step(batch, warmup)
+        peak = peak_meter.peak_mib()
+        return {**row, "step_peak_mib": None if peak is None else round(peak, 1)}
     if family == "mebp":
         method.times = dict.fromkeys(PHASES, 0.0)
     times = time_steps(lambda t: losses.append(method.step(batch, t)["loss"]), steps, 0, dev.type == "cuda",
                        first=warmup)
-    phase_times = dict(getattr(method, "times", {}))
-    meter = PeakMemory(dev)             # after the timed steps: metering slows the steps that follow it
-    meter.start()
-    losses.append(method.step(batch, warmup + steps)["loss"])
-    peak = meter.peak_mib()
-    row = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "held_mib": round(held, 1),
-           "tensors_mib": round(tensors / 2**20, 1),
-           "step_peak_mib": None if peak is None else round(peak, 1),
-           "total_mib": None if peak is None else round(held + peak, 1),
-           "step_s": round(statistics.median(times), 3), "losses": [round(x, 4) for x in losses]}
+    row.update(step_s=round(statistics.median(times), 3), losses=[round(x, 4) for x in losses])
     if family == "mebp":
-        t = phase_times
+        t = method.times
         forward = t["forward"] + t["dequantize_forward"] + t["write"]
         backward = t["read"] + t["dequantize_backward"] + t["recompute_backward"]
         row["phases_s"] = {k: round(v / steps, 4) for k, v in t.items()}
@@ -118,8 +119,13 @@ def mebp_memory_and_time(configs: Sequence[str] = ("fo-lora", "fo-lora-nf4", "me
         for config in configs:
             job = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
                    "warmup": warmup, "device": device}
-            rows.append(in_fresh_process(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
-                        if fresh else measure_config(**job))
+            if fresh:
+                row, metered = timed_and_metered(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
+            else:
+                row, metered = measure_config(**job), measure_config(**job, meter=True)
+            peak = metered["step_peak_mib"]
+            rows.append({**row, "step_peak_mib": peak,
+                         "total_mib": None if peak is None else round(row["held_mib"] + peak, 1)})
     return rows
 
 

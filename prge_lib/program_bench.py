@@ -5,8 +5,8 @@ A program has fixed shapes, so the host pads every batch to the exported width, 
 each batch only to its own longest row. Comparing a runtime run with an eager training run therefore mixes two
 things; here both sides get the same random batch of the program's shapes. Each side runs in a fresh process
 (``python -m prge_lib.program_bench``) so that its memory is its own. Memory is the resident set: after loading
-(Python, torch and the weights or the program included) and the peak of one more step after the timed ones
-above that level (:class:`prge_lib.measure.PeakMemory`, which slows what follows it). On a phone the C++ runtime needs neither Python nor torch, so the load
+(Python, torch and the weights or the program included) and the peak of a step above that level, metered in a
+second process whose allocator is pinned from the start (:func:`prge_lib.measure.timed_and_metered`). On a phone the C++ runtime needs neither Python nor torch, so the load
 figure is an upper bound there.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from .export import read_program_meta
 from .lora import inject_lorafa
-from .measure import PeakMemory, in_fresh_process, status_kib, time_steps
+from .measure import PeakMemory, status_kib, time_steps, timed_and_metered
 from .models import load_model, truncate_layers
 from .program import TrainStep
 from .runtime import RuntimeStep
@@ -53,7 +53,8 @@ def _eager_step(settings: dict):
 
 
 def _measure(job: dict) -> dict:
-    """In a fresh process: load one side, then time ``repeats`` steps after ``warmup`` and meter memory."""
+    """In a fresh process: load one side, then time ``repeats`` steps after ``warmup``, or with ``meter``
+    the peak of one step after the first."""
 
     torch.set_grad_enabled(False)
     settings = read_program_meta(job["pte"])["settings"]
@@ -64,26 +65,28 @@ def _measure(job: dict) -> dict:
     load_s = time.perf_counter() - start
     step(*inputs)                                  # first call: pages the weights in, plans memory
     loaded = status_kib("VmRSS")
+    row = {"load_s": load_s, "resident_before_load_mib": before / 1024 if before else None,
+           "resident_after_first_step_mib": loaded / 1024 if loaded else None}
+    if job.get("meter"):
+        meter = PeakMemory(torch.device("cpu"))
+        meter.start()
+        step(*inputs)
+        return {**row, "peak_during_steps_mib": meter.peak_mib()}
     times = time_steps(lambda t: step(*inputs), job["repeats"], job["warmup"], cuda=False)
-    meter = PeakMemory(torch.device("cpu"))       # after the timed steps: metering slows what follows it
-    meter.start()
-    step(*inputs)
-    peak = meter.peak_mib()
-    return {"load_s": load_s, "step_s": times, "median_s": statistics.median(times),
-            "resident_before_load_mib": before / 1024 if before else None,
-            "resident_after_first_step_mib": loaded / 1024 if loaded else None,
-            "peak_during_steps_mib": peak}
+    return {**row, "step_s": times, "median_s": statistics.median(times)}
 
 
 def measure(pte, side: str, repeats: int = 5, warmup: int = 1) -> dict:
     """Step time and memory of ``side`` ("runtime": the .pte in the ExecuTorch runtime; "eager": the same
-    step as a PyTorch module) in a fresh process."""
+    step as a PyTorch module): timed in one fresh process, the peak metered in another
+    (:func:`prge_lib.measure.timed_and_metered`)."""
     if side not in ("runtime", "eager"):
         raise ValueError(f"side must be 'runtime' or 'eager', got {side!r}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     job = {"pte": str(pte), "side": side, "repeats": repeats, "warmup": warmup}
-    return in_fresh_process("prge_lib.program_bench", job, f"measuring the {side} step of {pte}")
+    timed, metered = timed_and_metered("prge_lib.program_bench", job, f"measuring the {side} step of {pte}")
+    return {**timed, "peak_during_steps_mib": metered["peak_during_steps_mib"]}
 
 
 def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
