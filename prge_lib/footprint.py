@@ -8,7 +8,7 @@ evaluate all ``rows`` prompts at each of ±ε; P-RGE takes B = rows / 4 prompts,
 queries and two signs make 2E rows in one forward. FO methods take a batch of ``rows``. SensZOQ uses a random mask: the mask's kind changes neither memory nor time,
 and a C4 mask would need minutes of gradients first.
 
-Each method runs in a fresh process. ``held_mib``: the resident memory the method keeps between steps (model,
+Each method runs in fresh processes. ``held_mib``: the resident memory the method keeps between steps (model,
 adapter or sparse values, optimizer state) above the process before loading; ``step_peak_mib``: the peak of
 one step above that, metered in a second fresh process whose allocator is pinned from the start
 (:func:`prge_lib.measure.timed_and_metered`: metering slows steps, so the times come from the first); ``total_mib``: their sum, what a device must have free. The loaded weights are
@@ -99,9 +99,9 @@ def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 
     for method in methods:
         job = {"spec": method, "seq_len": seq_len, "rows": rows, "steps": steps, "warmup": warmup,
                "device": device}
-        row, metered = timed_and_metered(__name__, job, f"footprint of {method}")
-        peak = metered["step_peak_mib"]
-        row.update(step_peak_mib=peak, total_mib=None if peak is None else round(row["held_mib"] + peak, 1))
+        row = timed_and_metered(__name__, job, f"footprint of {method}")
+        peak = row["step_peak_mib"]
+        row["total_mib"] = None if peak is None else round(row["held_mib"] + peak, 1)
         progress(f"{method}: held {row['held_mib']:.0f} MiB, step peak {row['step_peak_mib']} MiB, "
                  f"{row['step_s']:.2f} s/step")
         rows_out.append(row)

@@ -42,9 +42,10 @@ def release_memory() -> None:
 
 
 M_MMAP_THRESHOLD = -3          # mallopt parameter (glibc malloc.h)
+PINNED_THRESHOLD = 128 * 1024  # glibc's initial threshold, kept from then on
 
 
-def pin_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+def pin_mmap_threshold(nbytes: int = PINNED_THRESHOLD) -> bool:
     """Serve every block of ``nbytes`` or more from its own mapping, returned to the system when freed
     (for the rest of the process: glibc has no way back to its dynamic threshold).
 
@@ -131,7 +132,7 @@ def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: b
     return times
 
 
-LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}   # glibc reads it at start: pinned from the first block
+LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(PINNED_THRESHOLD)}   # glibc reads it at start: pinned from the first block
 
 
 def in_fresh_process(module: str, job: dict, what: str, live_memory: bool = False) -> dict:
@@ -150,11 +151,12 @@ def in_fresh_process(module: str, job: dict, what: str, live_memory: bool = Fals
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def timed_and_metered(module: str, job: dict, what: str) -> tuple[dict, dict]:
+def timed_and_metered(module: str, job: dict, what: str) -> dict:
     """The worker of ``module`` twice, each in a fresh process: once timing steps under the default
     allocator (``meter`` False in the job), once metering a step's peak with the allocator pinned from the
-    start (``meter`` True). Timing a pinned process would be slower and unevenly so (each large allocation
-    faults its pages in); metering an unpinned one counts the heap's holes."""
+    start (``meter`` True). Returns the timed row plus the fields only the metered one has (its peak).
+    Timing a pinned process would be slower and unevenly so (each large allocation faults its pages in);
+    metering an unpinned one counts the heap's holes."""
     timed = in_fresh_process(module, {**job, "meter": False}, what)
     metered = in_fresh_process(module, {**job, "meter": True}, f"{what} (memory)", live_memory=True)
-    return timed, metered
+    return {**metered, **timed}

@@ -120,12 +120,12 @@ def mebp_memory_and_time(configs: Sequence[str] = ("fo-lora", "fo-lora-nf4", "me
             job = {"config": config, "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
                    "warmup": warmup, "device": device}
             if fresh:
-                row, metered = timed_and_metered(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
-            else:
-                row, metered = measure_config(**job), measure_config(**job, meter=True)
-            peak = metered["step_peak_mib"]
-            rows.append({**row, "step_peak_mib": peak,
-                         "total_mib": None if peak is None else round(row["held_mib"] + peak, 1)})
+                row = timed_and_metered(__name__, job, f"MeBP benchmark {config} at {seq_len} tokens")
+            else:   # time first: metering pins this process's allocator, which slows what follows
+                timed = measure_config(**job)
+                row = {**measure_config(**job, meter=True), **timed}
+            peak = row["step_peak_mib"]
+            rows.append({**row, "total_mib": None if peak is None else round(row["held_mib"] + peak, 1)})
     return rows
 
 

@@ -85,8 +85,7 @@ def measure(pte, side: str, repeats: int = 5, warmup: int = 1) -> dict:
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     job = {"pte": str(pte), "side": side, "repeats": repeats, "warmup": warmup}
-    timed, metered = timed_and_metered("prge_lib.program_bench", job, f"measuring the {side} step of {pte}")
-    return {**timed, "peak_during_steps_mib": metered["peak_during_steps_mib"]}
+    return timed_and_metered("prge_lib.program_bench", job, f"measuring the {side} step of {pte}")
 
 
 def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
