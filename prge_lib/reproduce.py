@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import json
 import os
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .bench import bench, configurations
-from .data import sample_task
+from .data import DataUnavailableError, sample_task
 from .evaluate import zero_shot
 from .models import load_model
 from .provenance import RESULTS_PATH, atomic_file, provenance, write_result
@@ -41,11 +43,13 @@ CHECKPOINTS = REPO / "runs" / "reproduce"
 PROFILES = ("cpu", "paper")
 BACKENDS = ("local", "ray")
 
-# Rough seconds per training step on a 2-core CPU for SST-2 prompts (from the committed SST-2 runs and
-# data/results/bench); --list scales them by nothing else, so longer tasks take longer than it says.
-SECONDS_PER_STEP = {"fo": 2.5, "fo-lorafa": 1.2, "mezo": 4.0, "mezo-lorafa": 1.2, "prge": 1.3, "senszoq": 2.0,
-                    "mebp": 2.0}
-EVAL_SECONDS = 60.0          # one validation (500) plus, at a new best, one test (1000) evaluation
+# Seconds per training step of each method on SST-2 at its Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples),
+# at 1 torch thread beside one other run, as the committed cells ran (median ``step_time_s`` of their result
+# files). A step pads every row to the longest prompt of its batch, so --list scales these by that length
+# on the cell's task and batch (:func:`prompt_length_factor`): RTE's steps take about 5x SST-2's.
+SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0, "prge": 2.3, "senszoq": 3.0,
+                    "mebp": 2.9}
+EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): a step of 2E = 32 rows of 64 tokens takes about 3 s here, and grows about linearly with the length;
 # the quantized factors are rough guesses for bitsandbytes' CPU kernels, to be replaced by measured ones
@@ -244,9 +248,58 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPO
     return {"state": "missing", "step": 0, "steps": cell.steps()}
 
 
+def _batch_examples(config: dict) -> int:
+    """Examples per training step: FO's batch size, or E / q for the ZO methods (each query sees them all)."""
+    if "batch_size" in config:
+        return config["batch_size"]
+    return max(1, config.get("E", 16) // config.get("q", 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_lengths(task: str, seed: int = 0) -> tuple[tuple[int, ...], int]:
+    """Prompt lengths in characters of ``task``'s training sample (multiple choice: the longest context +
+    option of each example), and how many examples one evaluation reads (validation + test)."""
+    t = get_task(task)
+    data = sample_task(t, seed)
+    if t.kind == "mch":
+        lengths = [max(len(c) + len(o) for c, o in t.options(r)) for r in data.train]
+    else:
+        lengths = [len(t.prompt(r)) for r in data.train]
+    return tuple(lengths), len(data.val) + len(data.test)
+
+
+def _longest_prompt(task: str, examples: int) -> float:
+    """Mean over random batches of ``examples`` training examples of the longest prompt's length: a step pads
+    every row to it, so step time follows it."""
+    lengths, _ = _prompt_lengths(task)
+    rng = random.Random(0)
+    return statistics.mean(max(rng.sample(lengths, min(examples, len(lengths)))) for _ in range(500))
+
+
+def prompt_length_factor(task: str, config: dict) -> float:
+    """How much longer a step of ``config`` on ``task`` pads its rows than the same method's SST-2 step at the
+    batch SECONDS_PER_STEP was measured at (1.0 where the task's data cannot be read)."""
+    reference = {"fo": 8, "fo-lorafa": 8, "mebp": 8, "prge": 4}.get(config["method"], 16)
+    try:
+        return _longest_prompt(task, _batch_examples(config)) / _longest_prompt("sst2", reference)
+    except DataUnavailableError:
+        return 1.0
+
+
+def evaluation_factor(task: str) -> float:
+    """How much longer one evaluation of ``task`` takes than SST-2's: mean prompt length times examples read."""
+    try:
+        (lengths, rows), (sst2, sst2_rows) = _prompt_lengths(task), _prompt_lengths("sst2")
+    except DataUnavailableError:
+        return 1.0
+    return statistics.mean(lengths) * rows / (statistics.mean(sst2) * sst2_rows)
+
+
 def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
+    """Rough wall time of the rest of ``cell`` at 1 torch thread, beside one other cell on a 2-core CPU (what
+    --list prints)."""
     if cell.kind == "zeroshot":
-        return EVAL_SECONDS
+        return EVAL_SECONDS * evaluation_factor(cell.task)
     if cell.kind == "bench":
         c = cell.config()
         configs = len(configurations(c["methods"], c["qs"]))
@@ -255,7 +308,11 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
                 + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS)
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
-    return remaining_steps * SECONDS_PER_STEP[c["method"]] + evals * EVAL_SECONDS
+    # MeZO on an adapter (the peft grid) costs what MeZO on LoRA-FA does, not MeZO on every weight
+    adapter = c.get("adapter", "none") != "none"
+    rate = SECONDS_PER_STEP["mezo-lorafa" if c["method"] == "mezo" and adapter else c["method"]]
+    step = rate * prompt_length_factor(cell.task, c)
+    return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)
 
 
 def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINTS,
@@ -418,7 +475,8 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path = C
         state = f"partial {st['step']}/{st['steps']}" if st["state"] == "partial" else st["state"]
         lines.append(f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}")
     done = sum(1 for c in cells if c.result_path(results).is_file())
-    lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left on a 2-core CPU")
+    lines.append(f"{done}/{len(cells)} done; about {_hours(left)} of cell time left at 1 torch thread per cell "
+                 f"(two cells side by side on a 2-core CPU: about {_hours(left / 2)} of wall time)")
     return "\n".join(lines)
 
 

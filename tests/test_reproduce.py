@@ -47,6 +47,21 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     assert est["synthetic/bench-none-L64_seed0"] > est["synthetic/bench-memory-L64_seed0"]
 
 
+def test_training_estimates_follow_the_padded_prompt_length():
+    # every row of a step is padded to the longest prompt of its batch: RTE's premises make its steps several
+    # times SST-2's (the committed FO LoRA-FA cells: 8.8 vs 1.6 s/step), and P-RGE q 16 (one example per
+    # step) pads less than q 4 (four)
+    cells = {c.name: c for c in rp.grid_cells("table1", only="seed0")}
+    est = {name: rp.estimate_seconds(c, c.steps()) for name, c in cells.items()}
+    assert 3 < rp.prompt_length_factor("rte", cells["rte/fo-lorafa_lr3e-4_seed0"].config()) < 10
+    assert est["rte/prge-q4-E16_lr1e-3_seed0"] > 3 * est["sst2/prge-q4-E16_lr1e-3_seed0"]
+    assert est["sst2/prge-q16-E16_lr1e-3_seed0"] < est["sst2/prge-q4-E16_lr1e-3_seed0"]
+    # MeZO on a peft adapter is priced as MeZO on LoRA-FA, not as MeZO on every weight
+    lora = rp.grid_cells("peft", only="mezo-lora_")[0]
+    assert rp.estimate_seconds(lora, 1000) < est["sst2/mezo-E16_lr1e-6_seed0"]
+    assert rp.list_cells([lora]).splitlines()[-1].startswith("0/1 done; about ")
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda: rp.grid_cells("table9"), r"unknown grid 'table9'; choose one of \['table1'"),
     (lambda: rp.grid_cells("table1", "laptop"), r"unknown profile 'laptop'; choose one of \['cpu', 'paper'\]"),
