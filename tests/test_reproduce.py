@@ -36,6 +36,9 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     memory, runtime = rp.grid_cells("memory"), rp.grid_cells("runtime")
     assert {c.config()["repeats"] for c in memory} == {1}
     assert {c.config()["repeats"] for c in runtime} == {5}
+    # MeZO (Full) perturbs weights in place, which quantized weights refuse: only the fp32 cells time it
+    assert {c.config()["quant"] for c in runtime if "mezo" in c.config()["methods"]} == {"none"}
+    assert all("prge" in c.config()["methods"] for c in runtime)
     seen = {}
     monkeypatch.setattr(rp, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
     rp._run_bench(memory[0])
