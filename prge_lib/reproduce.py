@@ -479,7 +479,7 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path = C
         lines.append(f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}")
     done = sum(1 for c in cells if c.result_path(results).is_file())
     basis = ("benchmark cells alone on an idle machine" if all(c.kind == "bench" for c in cells) else
-             "training cells at 1 torch thread, two side by side on a 2-core CPU (wall time about half this)")
+             "training cells at 1 torch thread each; two side by side on a 2-core CPU take about half as long")
     lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left ({basis})")
     return "\n".join(lines)
 
