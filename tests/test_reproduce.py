@@ -43,11 +43,17 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     monkeypatch.setattr(rp, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
     rp._run_bench(memory[0])
     assert seen["repeats"] == 1 and seen["seq_len"] == 64
-    # --list's estimate grows with the length, the configurations, the rounds and the quantization
+    # --list's estimate grows with the length, the configurations and the rounds, and prices the format's kernel
     est = {c.name: rp.estimate_seconds(c, 0) for c in memory + runtime}
     assert est["synthetic/bench-none-L256_seed0"] > est["synthetic/bench-none-L64_seed0"]
-    assert est["synthetic/bench-nf4-L64_seed0"] > est["synthetic/bench-none-L64_seed0"]
+    assert est["synthetic/bench-int8-L64_seed0"] > est["synthetic/bench-none-L64_seed0"]
     assert est["synthetic/bench-none-L64_seed0"] > est["synthetic/bench-memory-L64_seed0"]
+    # and lands within a quarter of the committed cells' wall time where they exist
+    for cell in runtime:
+        path = cell.result_path()
+        if path.is_file():
+            wall = json.loads(path.read_text())["provenance"]["wall_time_s"]
+            assert 0.75 < est[cell.name] / wall < 1.25, (cell.name, est[cell.name], wall)
 
 
 def test_training_estimates_follow_the_padded_prompt_length():
