@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from .measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
-from .models import load_model
+from .models import QUANT_MODES, load_model
 from .objective import synthetic_batch
 from .train import SELF_QUANTIZING, ZO_METHODS, TrainConfig, build_method
 
@@ -38,8 +38,8 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     method, _, quant = spec.partition(":")
     if method not in COMPARED:
         raise ValueError(f"unknown method {method!r} in {spec!r}; choose from {list(COMPARED)}")
-    if quant and quant not in ("none", "int8", "nf4"):
-        raise ValueError(f"unknown quantization {quant!r} in {spec!r}; choose none, int8 or nf4")
+    if quant and quant not in QUANT_MODES:
+        raise ValueError(f"unknown quantization {quant!r} in {spec!r}; choose from {list(QUANT_MODES)}")
     return method, ({"quant": quant} if quant else {})
 
 

@@ -39,10 +39,7 @@ class Batch:
 
 def encode_example(task: Task, tokenizer, example: dict, max_length: int | None = None) -> tuple[list, list]:
     """(input ids, target ids) of one training example. Long prompts lose their beginning, never the answer."""
-    if task.kind == "mch":
-        context, continuation = task.options(example)[task.gold(example)]
-    else:
-        context, continuation = task.prompt(example), task.target_text(example)
+    context, continuation = task.training_pair(example)
     prompt = tokenizer(context).input_ids
     target = tokenizer(continuation, add_special_tokens=False).input_ids
     if not target:

@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 from .bench import bench, configurations
 from .data import DataUnavailableError, sample_task
 from .evaluate import zero_shot
-from .models import load_model
+from .models import QUANT_MODES, load_model
 from .provenance import RESULTS_PATH, atomic_file, provenance, write_result
 from .tasks import get_task
 from .train import TrainConfig, Trainer
@@ -152,7 +152,7 @@ BENCH_ROWS = {
     "runtime": tuple(Row(f"bench-{quant}", f"step time ({quant})", "bench",
                          {"methods": _BENCH_METHODS[quant != "none":], "quant": quant, "qs": (1, 4, 16), "repeats": 5},
                          seeds={"paper": (0,), "cpu": (0,)})
-                     for quant in ("none", "int8", "nf4")),
+                     for quant in QUANT_MODES),
     # the memory grid's figures are the peaks, each measured in a fresh process, which other load on the
     # machine does not change; one timing round suffices there (step times are the runtime grid's)
     "memory": (Row("bench-memory", "peak memory", "bench",
@@ -261,17 +261,15 @@ def _batch_examples(config: dict) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _prompt_lengths(task: str, seed: int = 0) -> tuple[tuple[int, ...], int]:
-    """Prompt lengths in characters of ``task``'s training sample (multiple choice: the longest context +
-    option of each example), and how many examples one evaluation reads (validation + test)."""
+    """Lengths in characters of the texts a training step reads from ``task``'s training sample (prompt and
+    answer), and how many examples one evaluation reads (validation + test)."""
     t = get_task(task)
     data = sample_task(t, seed)
-    if t.kind == "mch":
-        lengths = [max(len(c) + len(o) for c, o in t.options(r)) for r in data.train]
-    else:
-        lengths = [len(t.prompt(r)) for r in data.train]
+    lengths = [sum(map(len, t.training_pair(r))) for r in data.train]
     return tuple(lengths), len(data.val) + len(data.test)
 
 
+@functools.lru_cache(maxsize=None)
 def _longest_prompt(task: str, examples: int) -> float:
     """Mean over random batches of ``examples`` training examples of the longest prompt's length: a step pads
     every row to it, so step time follows it."""

@@ -49,6 +49,12 @@ class Task:
             return int(example["answer"]) - 1
         return int(example["label"])
 
+    def training_pair(self, example: dict) -> tuple[str, str]:
+        """(context, continuation) a training step reads: the prompt and its answer, or the right option."""
+        if self.kind == "mch":
+            return self.options(example)[self.gold(example)]
+        return self.prompt(example), self.target_text(example)
+
     def target_text(self, example: dict) -> str:
         """The text the model should produce after the prompt (training target; chapter 7)."""
         if self.kind == "cls":

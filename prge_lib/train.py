@@ -27,7 +27,7 @@ from .fo import OPTIMIZERS, FirstOrder
 from .lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
 from .mebp import MeBP
 from .mezo import MeZOFull
-from .models import load_model, truncate_layers
+from .models import QUANT_MODES, load_model, truncate_layers
 from .objective import collate, encode_example
 from .prge import KEEP_NOISE_BUDGET_MIB, PRGE
 from .provenance import atomic_file
@@ -119,7 +119,7 @@ class TrainConfig:
     model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
     dtype: str = _option("fp32", "precision of the weights", choices=("fp32", "fp16", "bf16"))
     quant: str | None = _option(None, "quantized base weights (default none; nf4 for senszoq and mebp, which "
-                                      "quantize their base themselves)", choices=("none", "int8", "nf4"))
+                                      "quantize their base themselves)", choices=QUANT_MODES)
     sparsity: float | None = _option(None, "senszoq: the share of the decoder's projection weights trained "
                                            "(default 1e-3)")
     mask: str | None = _option(None, "senszoq: which weights are trained: c4 (sensitivity on C4 text, the "

@@ -81,6 +81,12 @@ def test_gold_and_target_text():
     assert get_task("copa").target_text(_row("copa", 1)) == " it sang."
 
 
+def test_training_pair_is_the_prompt_and_answer_or_the_right_option():
+    sst2, copa = get_task("sst2"), get_task("copa")
+    assert sst2.training_pair(_row("sst2", 1)) == (sst2.prompt(_row("sst2", 1)), " great")
+    assert copa.training_pair(_row("copa", 1)) == copa.options(_row("copa", 1))[1]
+
+
 def test_task_names_are_forgiving_and_unknown_names_list_the_known_ones():
     assert get_task("SST-2") is TASKS["sst2"] and get_task("WinoGrande") is TASKS["winogrande"]
     with pytest.raises(KeyError, match="unknown task 'sst3'.*sst2, rte"):
