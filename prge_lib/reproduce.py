@@ -161,16 +161,17 @@ BENCH_ROWS = {
                    seeds={"paper": (0,), "cpu": (0,)}),),
 }
 # Chapters 8 and 9: SensZOQ's masks (Guo et al. Fig. 6a: the C4 mask against four baselines at 0.1%, and the
-# C4 mask at 1% and 0.01%) and MeBP, on the protocol of Table 1 so that chapter 9 can set them beside it
+# C4 mask at 1% and 0.01%) and MeBP, on the protocol of Table 1 so that chapter 9 can set them beside it. The two
+# rows chapter 9 compares with P-RGE (the C4 mask at 0.1%, MeBP) run three seeds, like Table 1's ZO rows.
 _SENSZOQ_LRS = {"paper": (1e-5, 1e-4, 5e-4), "cpu": (1e-4,)}
 ALTERNATIVE_ROWS = tuple(
     Row(f"senszoq-{mask}-s{lr_text(sparsity)}", f"SensZOQ ({mask} mask, {100 * sparsity:g}%)", "senszoq",
         {"mask": mask, "sparsity": sparsity, "mask_scope": "layer", "q": 1, "E": 16, "eps": 1e-3},
-        _SENSZOQ_LRS, _SEEDS_1)
+        _SENSZOQ_LRS, _SEEDS_3 if (mask, sparsity) == ("c4", 1e-3) else _SEEDS_1)
     for mask, sparsity in (("c4", 1e-3), ("task", 1e-3), ("random", 1e-3), ("largest", 1e-3), ("smallest", 1e-3),
                            ("c4", 1e-2), ("c4", 1e-4))
 ) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
-         _SEEDS_1),)
+         _SEEDS_3),)
 GRIDS = {
     "table1": {"tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"), "rows": TABLE1_ROWS,
                "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
