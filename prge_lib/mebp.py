@@ -216,9 +216,8 @@ class MeBP:
                 with self.timed("forward"):   # what LlamaModel.forward builds once for all its layers
                     h = decoder.embed_tokens(batch.input_ids)
                     positions = torch.arange(h.shape[1], device=self.device).unsqueeze(0)
-                    mask = create_causal_mask(config=decoder.config, inputs_embeds=h,
-                                              attention_mask=batch.attention_mask, past_key_values=None,
-                                              position_ids=positions)
+                    # no cache: passed by position, its keyword was renamed (past_key_values -> cache) in 5.24
+                    mask = create_causal_mask(decoder.config, h, batch.attention_mask, None, position_ids=positions)
                     rope = decoder.rotary_emb(h, position_ids=positions)
                     context = {"attention_mask": mask, "position_ids": positions, "position_embeddings": rope}
                 for i, block in enumerate(decoder.layers):
