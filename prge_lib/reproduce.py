@@ -508,9 +508,26 @@ def _row_of(result: dict) -> str:
     return Path(result["_file"]).name.split("_lr")[0].split("_seed")[0]
 
 
+PAUSE_FACTOR = 10
+
+
+def training_seconds(result: dict) -> float | None:
+    """Seconds a run spent in its training steps (evaluations excluded), with the time it lay paused taken out.
+
+    ``elapsed_s.train_s`` counts wall time, and a run stopped with SIGSTOP (as the training cells here were while
+    a benchmark cell measured alone) books the whole pause on the step it was in. A step over PAUSE_FACTOR times
+    the run's median step is such a step and counts as a median one. None where the run recorded no steps."""
+    steps = (result.get("step_time_s") or {}).get("per_step")
+    if not steps:
+        return None
+    median = statistics.median(steps)
+    return sum(s if s <= PAUSE_FACTOR * median else median for s in steps)
+
+
 def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
-    """One record per (task, row): the chosen lr (best mean validation over seeds), and the test score at
-    each seed's best validation step as mean, standard deviation, min and max over the seeds."""
+    """One record per (task, row): the chosen lr (best mean validation over seeds), the test score at each
+    seed's best validation step as mean, standard deviation, min and max over the seeds, and the mean training
+    minutes per run (:func:`training_seconds`; None for zero-shot rows)."""
     groups: dict[tuple, dict[float | None, list[dict]]] = {}
     for r in load_results(grid, results):
         if r.get("kind") != "train":
@@ -534,6 +551,8 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
+            "train_min": round(statistics.fmean(seconds) / 60, 1) if all(seconds := [training_seconds(r) for r in runs])
+            else None,
         })
     return records
 

@@ -155,7 +155,7 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
         point = {"step": 10, "val": val, "test": test}
         return {"kind": "train", "task": "sst2", "method": "prge", "seed": seed, "steps": 2,
                 "config": {"task": "sst2", "seed": seed, "lr": lr}, "best_val": point, "final": point,
-                "evals": [point], "losses": [1.0, 0.5],
+                "evals": [point], "losses": [1.0, 0.5], "step_time_s": {"median": 60.0, "per_step": [60.0, 60.0]},
                 "cell": {"row": row, "lr": lr}, "provenance": {"command": "x", "commit": None, "versions": {},
                                                               "hardware": {}, "wall_time_s": 1.0}}
     folder = tmp_path / "table1" / "sst2"
@@ -171,11 +171,20 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert prge["test_mean"] == 75.0 and prge["test_sd"] == round(statistics.stdev([72, 78, 75]), 2)
     assert (prge["test_min"], prge["test_max"], prge["n"]) == (72.0, 78.0, 3)
     assert records["mezo-lorafa-E16"]["test_sd"] is None
+    assert prge["train_min"] == 2.0                                       # two steps of a minute each
     assert list(records) == ["mezo-lorafa-E16", "prge-q4-E16"]           # the paper's row order
     assert not rp.spread_separates(prge, records["mezo-lorafa-E16"])      # one seed never separates
     csv_path, md_path = rp.write_summary("table1", tmp_path)
     assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text()
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
+
+
+def test_training_seconds_takes_out_a_pause():
+    steady = {"step_time_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
+    paused = {"step_time_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
+    assert rp.training_seconds(steady) == 10.0
+    assert rp.training_seconds(paused) == 12.5                               # the paused step counts as the median
+    assert rp.training_seconds({"method": "zeroshot"}) is None
 
 
 def test_committed_results_are_valid_and_their_summaries_recompute(tmp_path):
