@@ -32,21 +32,26 @@ def test_outer_and_inner_switches_compute_the_same_step(tiny_factory, q):
     results = {}
     batch = synthetic_batch(2, 11, tiny_factory().config.vocab_size, seed=1)
     seeds = step_seeds(5, 0, q)
+    eps, lr, loss_tol = 1e-2, 1e-2, 1e-6
+    # B moves by lr * g * z with g = (L+ - L-) / (2 eps): losses that agree to loss_tol give updates that agree
+    # to lr * loss_tol / eps * |z| (|z| < 5 for these draws), far below the update itself (asserted below).
+    b_tol = lr * loss_tol / eps * 5
     for outer in (True, False):
         for inner in (True, False):
             model, layers = _model_with_b(tiny_factory)
-            out = prge_step(model, layers, batch, seeds, eps=1e-2, lr=1e-2, outer=outer, inner=inner)
+            out = prge_step(model, layers, batch, seeds, eps=eps, lr=lr, outer=outer, inner=inner)
             results[outer, inner] = (out, [layer.lora_B.clone() for layer in layers])
     ref_out, ref_b = results[True, True]
     assert float(ref_out["projected_grad"].abs().max()) > 0
     start, _ = _model_with_b(tiny_factory)
-    assert all(not torch.equal(b, layer.lora_B) for b, layer in zip(ref_b, lorafa_layers(start)))   # B moved
+    moved = max(float((b - layer.lora_B).abs().max()) for b, layer in zip(ref_b, lorafa_layers(start)))
+    assert moved > 100 * b_tol                   # B moved, by far more than the schedules may disagree
     for out, b in results.values():
         for key in ("loss_plus", "loss_minus"):
-            torch.testing.assert_close(out[key], ref_out[key], rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(out[key], ref_out[key], rtol=loss_tol, atol=loss_tol)
         torch.testing.assert_close(out["projected_grad"], ref_out["projected_grad"], rtol=1e-3, atol=1e-4)
         for x, y in zip(b, ref_b):
-            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(x, y, rtol=0, atol=b_tol)
 
 
 def test_keeping_the_noise_changes_nothing_but_speed(tiny_factory):

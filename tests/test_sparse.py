@@ -264,8 +264,10 @@ def test_parallel_queries_compute_the_sequential_step(tiny_factory, outer, inner
     assert max(abs(g) for g in a["projected_grad"]) > 0
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert a["projected_grad"] == pytest.approx(b["projected_grad"], rel=1e-3, abs=1e-3)
+    # The values move by lr * g * z; losses that differ in their last bits (about 1e-6 here) change g by that over
+    # eps, so the values may differ by lr * 1e-6 / eps * |z| (|z| < 5), as in test_prge's schedules.
     for x, y in zip(sequential.trainable().values(), parallel.trainable().values()):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(x, y, rtol=0, atol=sequential.lr * 1e-6 / sequential.eps * 5)
 
 
 def test_build_senszoq_for_each_mask_kind(tiny_factory, tokenizer, task_batches, tmp_path, monkeypatch):
