@@ -544,6 +544,7 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
         tests = [100 * r["best_val"]["test"] for r in runs]
         vals = [100 * r["best_val"]["val"] for r in runs]
         label = next((x.label for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), row)
+        seconds = [training_seconds(r) for r in runs]
         records.append({
             "task": task, "row": row, "label": label, "lr": lr, "seeds": [r["seed"] for r in runs],
             "n": len(runs), "steps": runs[0]["steps"],
@@ -551,8 +552,7 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
-            "train_min": round(statistics.fmean(seconds) / 60, 1) if all(seconds := [training_seconds(r) for r in runs])
-            else None,
+            "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
         })
     return records
 
