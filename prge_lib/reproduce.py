@@ -508,6 +508,15 @@ def _row_of(result: dict) -> str:
     return Path(result["_file"]).name.split("_lr")[0].split("_seed")[0]
 
 
+
+def runs_of(grid: str, task: str, row: str, lr: float | None = None, results: Path = RESULTS) -> list[dict]:
+    """The result files of one row of ``grid`` on ``task`` (validated, in seed order); with ``lr``, only the runs at
+    that learning rate, as a :func:`summarize` record names them (``runs_of(grid, r["task"], r["row"], r["lr"])``)."""
+    runs = [r for r in load_results(grid, results) if r.get("kind") == "train" and r["task"] == task
+            and _row_of(r) == row and (lr is None or r["config"].get("lr") == lr)]
+    return sorted(runs, key=lambda r: r["seed"])
+
+
 PAUSE_FACTOR = 10
 
 

@@ -174,6 +174,11 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert prge["train_min"] == 2.0                                       # two steps of a minute each
     assert list(records) == ["mezo-lorafa-E16", "prge-q4-E16"]           # the paper's row order
     assert not rp.spread_separates(prge, records["mezo-lorafa-E16"])      # one seed never separates
+    behind = rp.runs_of("table1", prge["task"], prge["row"], prge["lr"], tmp_path)   # the files of the record
+    assert [r["seed"] for r in behind] == prge["seeds"] == [0, 1, 2]
+    assert [100 * r["best_val"]["test"] for r in behind] == [72.0, 78.0, 75.0]
+    assert len(rp.runs_of("table1", "sst2", "prge-q4-E16", results=tmp_path)) == 5    # every lr
+    assert rp.runs_of("table1", "rte", "prge-q4-E16", results=tmp_path) == []
     csv_path, md_path = rp.write_summary("table1", tmp_path)
     assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text()
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
