@@ -211,7 +211,7 @@ def _reproduce(args) -> int:
         except ValueError:
             raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
     roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
-             "checkpoints": Path(args.checkpoint_root) if args.checkpoint_root else rp.CHECKPOINTS}
+             "checkpoints": rp.checkpoint_root(args.checkpoint_root)}
     overrides = {"steps": args.steps} if args.steps else {}
     cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
     if not cells and not args.summary:
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
     rp.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
-    rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default runs/reproduce)")
+    rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
     rp.set_defaults(run=_reproduce)
 
     from .bench import CONFIGS

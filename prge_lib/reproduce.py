@@ -3,8 +3,8 @@
 A *grid* is a named list of *cells*; a cell is one run (model × task × method × hyperparameters × seed) that
 writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json``. The runner skips a cell
 whose result exists (after checking that the file was made with the cell's settings), resumes an interrupted
-cell from its checkpoint (``runs/reproduce/<grid>/<cell>/``), and so continues where it stopped when killed
-and rerun. Cells are independent, so they can also be dispatched to a Ray cluster (``backend="ray"``).
+cell from its checkpoint (``<cache>/reproduce/<grid>/<cell>/``, :func:`checkpoint_root`), and so continues
+where it stopped when killed and rerun, also from a fresh clone on the same machine. Cells are independent, so they can also be dispatched to a Ray cluster (``backend="ray"``).
 
 Model selection follows Gao et al. §4.1 / App. C: per (task, row) the learning rate with the best mean
 validation score over the seeds is chosen, and the test score at each run's best validation step is
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .bench import bench, configurations
+from .config import cache_dir
 from .data import DataUnavailableError, sample_task
 from .evaluate import zero_shot
 from .models import QUANT_MODES, load_model
@@ -39,7 +40,6 @@ from .train import TrainConfig, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / RESULTS_PATH
-CHECKPOINTS = REPO / "runs" / "reproduce"
 PROFILES = ("cpu", "paper")
 BACKENDS = ("local", "ray")
 
@@ -57,6 +57,13 @@ EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, 
 BENCH_SECONDS_PER_STEP_L64 = 3.6
 BENCH_LOAD_SECONDS = 4.0
 BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 2.0, "nf4": 0.92}
+
+
+def checkpoint_root(root: Path | str | None = None) -> Path:
+    """Where interrupted cells keep their checkpoints: ``root`` if given, else ``reproduce`` in the cache folder
+    (``PRGE_CACHE_DIR``, default ``~/.cache/prge``). Outside the clone, so a cell longer than one sitting resumes
+    from a fresh checkout on the same machine; the trainer refuses a checkpoint made with other settings."""
+    return Path(root) if root else cache_dir() / "reproduce"
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,8 @@ class Cell:
     def result_path(self, root: Path = RESULTS) -> Path:
         return Path(root) / self.grid / f"{self.name}.json"
 
-    def checkpoint_dir(self, root: Path = CHECKPOINTS) -> Path:
-        return Path(root) / self.grid / self.name
+    def checkpoint_dir(self, root: Path | None = None) -> Path:
+        return checkpoint_root(root) / self.grid / self.name
 
     def command(self) -> str:
         """The command that runs this cell alone (recorded as the result's provenance)."""
@@ -240,7 +247,7 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
             if k not in ("model",) and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
 
 
-def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINTS) -> dict:
+def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
     """{"state": "done" | "partial" | "missing", "step": steps done, "steps": steps of the cell}."""
     path = cell.result_path(results)
     if path.is_file():
@@ -318,7 +325,7 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
     return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)
 
 
-def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path = CHECKPOINTS,
+def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None,
              progress: bool = True, threads: int | None = None) -> Path:
     """Run one cell (resuming its checkpoint if one exists) and write its result; return the result path.
 
@@ -426,12 +433,13 @@ def validate_result(result: dict) -> None:
 
 # ---------------------------------------------------------------- running a grid
 def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
-             results: Path = RESULTS, checkpoints: Path = CHECKPOINTS, progress: bool = True,
+             results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              cpus_per_cell: int = 1, say: Callable[[str], None] = print) -> list[Path]:
     """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     todo = [c for c in cells if not c.result_path(results).is_file()]
+    checkpoints = checkpoint_root(checkpoints)
     say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
     if backend == "ray":
         return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say)
@@ -468,7 +476,7 @@ def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dic
 
 
 # ---------------------------------------------------------------- listing and summarizing
-def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path = CHECKPOINTS) -> str:
+def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None) -> str:
     """A plain-text table: each cell's state (done / partial at step k / missing) and its time left."""
     lines, left = [], 0.0
     for cell in cells:

@@ -184,6 +184,14 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
 
 
+def test_checkpoints_default_to_the_cache_folder_outside_the_clone(monkeypatch, tmp_path):
+    monkeypatch.setenv("PRGE_CACHE_DIR", str(tmp_path / "cache"))
+    cell = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0")[0]
+    assert cell.checkpoint_dir() == tmp_path / "cache" / "reproduce" / "table1" / cell.name
+    assert cell.checkpoint_dir(tmp_path / "ck") == tmp_path / "ck" / "table1" / cell.name
+    assert rp.cell_status(cell, results=tmp_path / "none")["state"] == "missing"
+
+
 def test_training_seconds_takes_out_a_pause():
     steady = {"step_time_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
     paused = {"step_time_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
