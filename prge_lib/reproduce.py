@@ -51,12 +51,12 @@ SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0
                     "mebp": 2.9}
 EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
-# peak), fitted to the committed runtime cells (fp32 at 64 / 128 tokens: 11.8 / 19.7 min; NF4: 10.3 / 16.9 min):
-# a step of 2E = 32 rows of 64 tokens about 3.6 s, growing about linearly with the length, a model load about
-# 4 s; NF4 steps run at 0.92x fp32's (a fused bf16 kernel, chapter 6); INT8's factor is a guess, not yet measured
+# peak), fitted to the committed runtime cells (fp32 at 64 / 128 tokens: 11.8 / 19.7 min; NF4: 10.3 / 16.9 min;
+# INT8 at 64: 7.9 min): a step of 2E = 32 rows of 64 tokens about 3.6 s, growing about linearly with the length,
+# a model load about 4 s; NF4 steps run at 0.92x fp32's (a fused bf16 kernel, chapter 6), INT8's at 0.59x
 BENCH_SECONDS_PER_STEP_L64 = 3.6
 BENCH_LOAD_SECONDS = 4.0
-BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 2.0, "nf4": 0.92}
+BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 0.59, "nf4": 0.92}
 
 
 def checkpoint_root(root: Path | str | None = None) -> Path:

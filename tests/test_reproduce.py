@@ -46,7 +46,7 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     # --list's estimate grows with the length, the configurations and the rounds, and prices the format's kernel
     est = {c.name: rp.estimate_seconds(c, 0) for c in memory + runtime}
     assert est["synthetic/bench-none-L256_seed0"] > est["synthetic/bench-none-L64_seed0"]
-    assert est["synthetic/bench-int8-L64_seed0"] > est["synthetic/bench-none-L64_seed0"]
+    assert est["synthetic/bench-int8-L256_seed0"] > est["synthetic/bench-int8-L64_seed0"]
     assert est["synthetic/bench-none-L64_seed0"] > est["synthetic/bench-memory-L64_seed0"]
     # and lands within a quarter of the committed cells' wall time where they exist
     for cell in runtime:
