@@ -4,7 +4,8 @@ A *grid* is a named list of *cells*; a cell is one run (model × task × method 
 writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json``. The runner skips a cell
 whose result exists (after checking that the file was made with the cell's settings), resumes an interrupted
 cell from its checkpoint (``<cache>/reproduce/<grid>/<cell>/``, :func:`checkpoint_root`), and so continues
-where it stopped when killed and rerun, also from a fresh clone on the same machine. Cells are independent, so they can also be dispatched to a Ray cluster (``backend="ray"``).
+where it stopped when killed and rerun, also from a fresh clone on the same machine. Cells are independent, so
+they can also be dispatched to a Ray cluster (``backend="ray"``).
 
 Model selection follows Gao et al. §4.1 / App. C: per (task, row) the learning rate with the best mean
 validation score over the seeds is chosen, and the test score at each run's best validation step is
@@ -514,7 +515,6 @@ def _row_of(result: dict) -> str:
     if "cell" in result:
         return result["cell"]["row"]
     return Path(result["_file"]).name.split("_lr")[0].split("_seed")[0]
-
 
 
 def runs_of(grid: str, task: str, row: str, lr: float | None = None, results: Path = RESULTS) -> list[dict]:
