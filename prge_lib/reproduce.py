@@ -423,11 +423,23 @@ _BENCH_SCHEMA = {"type": "object", "required": ["kind", "configs", "floor", "rat
                  "properties": {"kind": {"const": "bench"}}}
 
 
+@functools.cache
+def _validator(kind: str):
+    """A jsonschema validator for ``kind``'s schema, checked and built once (``jsonschema.validate`` re-checks the
+    schema on every call, which was most of the time of reading a grid's results)."""
+    import jsonschema
+
+    schema = _BENCH_SCHEMA if kind == "bench" else _TRAIN_SCHEMA
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def validate_result(result: dict) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``result`` is a well-formed cell result."""
     import jsonschema
 
-    jsonschema.validate(result, _BENCH_SCHEMA if result.get("kind") == "bench" else _TRAIN_SCHEMA)
+    _validator("bench" if result.get("kind") == "bench" else "train").validate(result)
     if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
         raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses")
 

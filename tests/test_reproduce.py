@@ -184,6 +184,25 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
 
 
+def test_a_malformed_result_is_refused_by_the_schema():
+    import jsonschema
+
+    point = {"step": 2, "val": 0.7, "test": 0.7}
+    good = {"kind": "train", "task": "sst2", "method": "prge", "seed": 0, "steps": 2,
+            "config": {"task": "sst2", "seed": 0}, "best_val": point, "final": point, "evals": [point],
+            "losses": [1.0, 0.5], "provenance": {"command": "x", "commit": None, "versions": {}, "hardware": {},
+                                                 "wall_time_s": 1.0}}
+    rp.validate_result(good)
+    for broken in ({**good, "best_val": {**point, "val": 70.0}},       # a percentage where a fraction belongs
+                   {k: v for k, v in good.items() if k != "provenance"},
+                   {**good, "losses": [1.0]},                          # two steps, one loss
+                   {**good, "evals": []}):
+        with pytest.raises(jsonschema.ValidationError):
+            rp.validate_result(broken)
+    with pytest.raises(jsonschema.ValidationError):
+        rp.validate_result({"kind": "bench", "configs": {}})            # the benchmark schema applies to benchmarks
+
+
 def test_checkpoints_default_to_the_cache_folder_outside_the_clone(monkeypatch, tmp_path):
     monkeypatch.setenv("PRGE_CACHE_DIR", str(tmp_path / "cache"))
     cell = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0")[0]
