@@ -52,12 +52,12 @@ SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0
                     "mebp": 2.9}
 EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
-# peak), fitted to the committed runtime cells (fp32 at 64 / 128 tokens: 11.8 / 19.7 min; NF4: 10.3 / 16.9 min;
-# INT8 at 64: 7.9 min): a step of 2E = 32 rows of 64 tokens about 3.6 s, growing about linearly with the length,
-# a model load about 4 s; NF4 steps run at 0.92x fp32's (a fused bf16 kernel, chapter 6), INT8's at 0.59x
-BENCH_SECONDS_PER_STEP_L64 = 3.6
+# peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
+# committed runtime cells (fp32 11.8 / 19.7 / 33.7 min at 64 / 128 / 256 tokens, INT8 7.9 / 14.5 / 31.1, NF4
+# 10.3 / 16.9 / 19.6), plus a model load of about 4 s. fp32 grows linearly with the length, INT8 faster than
+# linearly and NF4 slower (chapter 7's runtime table: the cost of one forward of 2E rows against two of E)
+BENCH_STEP_SECONDS = {"none": (3.59, 0.96), "int8": (2.12, 1.35), "nf4": (3.63, 0.63)}
 BENCH_LOAD_SECONDS = 4.0
-BENCH_QUANT_FACTOR = {"none": 1.0, "int8": 0.59, "nf4": 0.92}
 
 
 def checkpoint_root(root: Path | str | None = None) -> Path:
@@ -315,8 +315,8 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
         c = cell.config()
         configs = len(configurations(c["methods"], c["qs"]))
         steps = configs * (c["repeats"] + 1) * 2     # timing rounds, then the peak's process
-        return (steps * BENCH_SECONDS_PER_STEP_L64 * c["seq_len"] / 64 * BENCH_QUANT_FACTOR[c["quant"]]
-                + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS)
+        a, b = BENCH_STEP_SECONDS[c["quant"]]
+        return steps * a * (c["seq_len"] / 64) ** b + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
     # MeZO on an adapter (the peft grid) costs what MeZO on LoRA-FA does, not MeZO on every weight
