@@ -28,6 +28,11 @@ def test_grids_have_the_papers_rows_and_unique_names():
     assert sorted({c.lr for c in paper}) == [5e-5, 1e-4, 5e-4, 1e-3] and paper[0].steps() == 20000
     assert rp.grid_cells("table1", "cpu", seeds=[7], only="rte/fo-lorafa")[0].name == "rte/fo-lorafa_lr3e-4_seed7"
     assert {c.name for c in rp.grid_cells("runtime")} >= {"synthetic/bench-nf4-L256_seed0"}
+    # Table 7 on the cpu profile: LoRA-FA at Table 1's ZO rate, the other spaces with a second rate to choose from
+    peft_lrs = {row: sorted(c.lr for c in rp.grid_cells("peft", "cpu") if c.row.key == row)
+                for row in ("mezo-lora", "mezo-lora-fa", "mezo-dora", "mezo-vera")}
+    assert peft_lrs == {"mezo-lora": [1e-4, 1e-3], "mezo-lora-fa": [1e-3], "mezo-dora": [1e-4, 1e-3],
+                        "mezo-vera": [1e-3, 1e-2]}
     assert [rp.lr_text(v) for v in (1e-3, 3e-4, 1.5e-4, 1e-7)] == ["1e-3", "3e-4", "1.5e-4", "1e-7"]
 
 
