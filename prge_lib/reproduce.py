@@ -54,10 +54,9 @@ EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, 
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
 # committed runtime cells (fp32 11.8 / 19.7 / 33.7 min at 64 / 128 / 256 tokens, INT8 7.9 / 14.5 / 31.1, NF4
-# 7.3 / 16.9 / 19.6; the NF4 128 cell ran at about half the speed an idle machine gives now and is due for a rerun),
-# plus a model load of about 4 s. fp32 and NF4 grow about linearly with the length, INT8 faster than linearly
-# (chapter 7: LLM.int8()'s fp16 columns grow with the rows of a call)
-BENCH_STEP_SECONDS = {"none": (3.59, 0.96), "int8": (2.12, 1.35), "nf4": (2.19, 1.06)}
+# 7.3 / 10.9 / 19.6), plus a model load of about 4 s. fp32 and NF4 grow about linearly with the length, INT8
+# faster than linearly (chapter 7: LLM.int8()'s fp16 columns grow with the rows of a call)
+BENCH_STEP_SECONDS = {"none": (3.59, 0.96), "int8": (2.12, 1.35), "nf4": (1.79, 1.06)}
 BENCH_LOAD_SECONDS = 4.0
 
 
