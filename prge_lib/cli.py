@@ -213,6 +213,10 @@ def _reproduce(args) -> int:
     roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
              "checkpoints": rp.checkpoint_root(args.checkpoint_root)}
     overrides = {"steps": args.steps} if args.steps else {}
+    if args.device != "cpu":
+        from .models import check_device
+        check_device(args.device)      # before any cell starts, naming what this torch can use
+        overrides["device"] = args.device
     cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
     if not cells and not args.summary:
         raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; --list shows the names")
@@ -361,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--cpus-per-cell", type=int, default=1, help="Ray: CPUs (and torch threads) per cell")
     rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
     rp.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
+                    "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
     rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
     rp.set_defaults(run=_reproduce)

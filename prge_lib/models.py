@@ -111,7 +111,10 @@ def resolve_source(name: str | None) -> tuple[str, bool]:
 
 def check_device(device: str) -> None:
     """Refuse a device torch cannot use here, naming what is available (e.g. --device cuda on a CPU build)."""
-    kind = torch.device(device).type
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
     if kind == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ValueError(f"device {device!r}: no CUDA device is available to torch {torch.__version__} ({build}); "

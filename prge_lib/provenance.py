@@ -24,7 +24,8 @@ def git_commit(root: Path | None = None) -> str | None:
     """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None.
 
     Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
-    writes two in a row) does not make the next one's code dirty."""
+    writes two in a row) does not make the next one's code dirty. A copy of a clean checkout without its git
+    folder (sent to a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``."""
     root = root or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -33,7 +34,7 @@ def git_commit(root: Path | None = None) -> str | None:
                                 f":(exclude){RESULTS_PATH}"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("PRGE_SOURCE_COMMIT") or None
     return sha + ("+dirty" if dirty else "")
 
 

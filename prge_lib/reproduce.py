@@ -116,7 +116,9 @@ class Cell:
 
     def command(self) -> str:
         """The command that runs this cell alone (recorded as the result's provenance)."""
-        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}"
+        device = self.config().get("device", "cpu")
+        on = "" if device == "cpu" else f" --device {device}"
+        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{on}"
 
 
 def lr_text(lr: float) -> str:
@@ -239,18 +241,22 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
         fam = _family(row.method)
         s.update(method=row.method, lr=lr, steps=STEPS[profile][fam], eval_every=EVAL_EVERY[profile][fam],
                  **row.settings)
-    s.update({k: v for k, v in overrides.items() if row.method != "zeroshot" or k.startswith("n_")})
+    s.update({k: v for k, v in overrides.items()
+              if row.method != "zeroshot" or k.startswith("n_") or k == "device"})
     yield s
 
 
 # ---------------------------------------------------------------- running one cell
 def cell_matches(cell: Cell, result: dict) -> list[str]:
-    """The settings in which an existing result differs from the cell (empty: it is this cell's result)."""
+    """The settings in which an existing result differs from the cell (empty: it is this cell's result).
+
+    The device is not a setting of the cell: a cell run on a GPU is the same cell (its result records the
+    device and the hardware; the ZO noise then comes from torch's CUDA generator, other draws of the same law)."""
     if cell.kind == "bench":
         return [] if result.get("kind") == "bench" else ["kind"]
     saved = result.get("config", {})
     return [k for k, v in cell.config().items()
-            if k not in ("model",) and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+            if k not in ("model", "device") and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
 
 
 def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
@@ -378,7 +384,7 @@ def _run_zeroshot(cell: Cell) -> dict:
     task = get_task(c["task"])
     sizes = {k: c[k] for k in ("n_train", "n_val", "n_test") if k in c}
     data = sample_task(task, c["seed"], **sizes)
-    model, tokenizer = load_model(c.get("model"))
+    model, tokenizer = load_model(c.get("model"), device=c.get("device", "cpu"))
     val = zero_shot(task, model, tokenizer, data.val)["value"]
     test = zero_shot(task, model, tokenizer, data.test)["value"]
     point = {"step": 0, "val": val, "test": test}
