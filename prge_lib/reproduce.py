@@ -566,8 +566,9 @@ def training_seconds(result: dict) -> float | None:
 
 def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
     """One record per (task, row): the chosen lr (best mean validation over seeds), the test score at each
-    seed's best validation step as mean, standard deviation, min and max over the seeds, and the mean training
-    minutes per run (:func:`training_seconds`; None for zero-shot rows)."""
+    seed's best validation step as mean, standard deviation, min and max over the seeds, the mean training
+    minutes per run (:func:`training_seconds`; None for zero-shot rows) and where the runs ran (``device``:
+    "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device)."""
     groups: dict[tuple, dict[float | None, list[dict]]] = {}
     for r in load_results(grid, results):
         if r.get("kind") != "train":
@@ -585,6 +586,7 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
         vals = [100 * r["best_val"]["val"] for r in runs]
         label = next((x.label for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), row)
         seconds = [training_seconds(r) for r in runs]
+        devices = sorted({device_of(r) for r in runs})
         records.append({
             "task": task, "row": row, "label": label, "lr": lr, "seeds": [r["seed"] for r in runs],
             "n": len(runs), "steps": runs[0]["steps"],
@@ -593,8 +595,14 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
+            "device": "+".join(devices),
         })
     return records
+
+
+def device_of(result: dict) -> str:
+    """"cpu" or "cuda": the kind of device a result's run trained on (results before --device: cpu)."""
+    return str(result.get("config", {}).get("device") or "cpu").split(":")[0]
 
 
 def write_summary(grid: str, results: Path = RESULTS) -> tuple[Path, Path]:
@@ -618,10 +626,12 @@ def write_summary(grid: str, results: Path = RESULTS) -> tuple[Path, Path]:
 
 
 def format_score(record: dict) -> str:
-    """"74.1 ± 2.0 (3)": mean ± standard deviation over n seeds; one seed shows the value alone."""
+    """"74.1 ± 2.0 (3)": mean ± standard deviation over n seeds; one seed shows the value alone. Runs made on
+    a GPU say so: "56.3 (1, GPU)"."""
+    where = {"cpu": "", "cuda": ", GPU"}.get(record.get("device", "cpu"), ", CPU and GPU")
     if record["n"] == 1:
-        return f"{record['test_mean']:.1f} (1)"
-    return f"{record['test_mean']:.1f} ± {record['test_sd']:.1f} ({record['n']})"
+        return f"{record['test_mean']:.1f} (1{where})"
+    return f"{record['test_mean']:.1f} ± {record['test_sd']:.1f} ({record['n']}{where})"
 
 
 def summary_markdown(records: list[dict]) -> str:
@@ -635,6 +645,10 @@ def summary_markdown(records: list[dict]) -> str:
     lines.append("")
     lines.append("Test score at each run's best validation step: mean ± standard deviation over seeds "
                  "(number of seeds); learning rate chosen by mean validation score.")
+    if any(r.get("device", "cpu") != "cpu" for r in records):
+        lines.append("")
+        lines.append("GPU: the runs trained on a GPU (the result files name it), with the same data, adapter "
+                     "initialisation and settings; their ZO noise came from torch's CUDA generator.")
     return "\n".join(lines) + "\n"
 
 

@@ -185,8 +185,31 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert len(rp.runs_of("table1", "sst2", "prge-q4-E16", results=tmp_path)) == 5    # every lr
     assert rp.runs_of("table1", "rte", "prge-q4-E16", results=tmp_path) == []
     csv_path, md_path = rp.write_summary("table1", tmp_path)
-    assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text()
+    assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text() and "GPU" not in md_path.read_text()
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
+    assert prge["device"] == "cpu"
+    # a run on a GPU is marked wherever its row is shown, and a row mixing devices says so
+    gpu = result("mezo-lorafa-E16", 1e-3, 1, 0.62, 0.65)
+    gpu["config"]["device"] = "cuda:0"
+    (folder / "mezo-lorafa-E16_lr1e-3_seed1.json").write_text(json.dumps(gpu))
+    mixed = {r["row"]: r for r in rp.summarize("table1", tmp_path)}["mezo-lorafa-E16"]
+    assert mixed["device"] == "cpu+cuda" and rp.format_score(mixed) == "63.0 ± 2.8 (2, CPU and GPU)"
+    assert rp.format_score(dict(mixed, device="cuda", n=1)) == "63.0 (1, GPU)"
+    _, md_path = rp.write_summary("table1", tmp_path)
+    assert "GPU: the runs trained on a GPU" in md_path.read_text()
+
+
+def test_device_runs_the_same_cell():
+    """--device cuda changes where a cell trains, not which cell it is: its result stands for the CPU cell."""
+    cpu, = rp.grid_cells("table1", "cpu", only="rte/prge-q4-E16_lr1e-3_seed0")
+    gpu, = rp.grid_cells("table1", "cpu", only="rte/prge-q4-E16_lr1e-3_seed0", device="cuda")
+    zs, = rp.grid_cells("table1", "cpu", only="rte/zeroshot", device="cuda")
+    assert gpu.name == cpu.name and gpu.config()["device"] == "cuda" and "device" not in cpu.config()
+    assert zs.config()["device"] == "cuda"                           # zero-shot cells move too
+    assert gpu.command().endswith("--device cuda") and "--device" not in cpu.command()
+    saved = {"config": dict(gpu.config())}
+    assert rp.cell_matches(cpu, saved) == [] and rp.cell_matches(gpu, {"config": dict(cpu.config())}) == []
+    assert rp.cell_matches(cpu, {"config": dict(gpu.config(), lr=1e-4)}) == ["lr"]
 
 
 def test_a_malformed_result_is_refused_by_the_schema():
