@@ -228,8 +228,13 @@ def _reproduce(args) -> int:
                     print(f"would run: {cell.command()}")
         return 0
     if not args.summary:
+        deadline = None
+        if args.time_limit is not None:
+            if args.time_limit <= 0:
+                raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
+            deadline = time.time() + 60 * args.time_limit
         rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
-                    say=lambda line: print(f"prge: {line}", file=sys.stderr), **roots)
+                    say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, **roots)
     if args.summary:
         csv_path, md_path = rp.write_summary(args.grid, roots["results"])
         print(md_path.read_text(), end="")
@@ -365,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--cpus-per-cell", type=int, default=1, help="Ray: CPUs (and torch threads) per cell")
     rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
     rp.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    rp.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                    help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
+                    "running training cell stops at a checkpoint that the same command resumes")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
                     "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")

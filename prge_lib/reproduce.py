@@ -37,7 +37,7 @@ from .evaluate import zero_shot
 from .models import QUANT_MODES, load_model
 from .provenance import RESULTS_PATH, atomic_file, provenance, write_result
 from .tasks import get_task
-from .train import TrainConfig, Trainer
+from .train import TrainConfig, Trainer, TrainingStopped
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / RESULTS_PATH
@@ -338,10 +338,12 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
 
 
 def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None,
-             progress: bool = True, threads: int | None = None) -> Path:
+             progress: bool = True, threads: int | None = None, deadline: float | None = None) -> Path:
     """Run one cell (resuming its checkpoint if one exists) and write its result; return the result path.
 
-    An existing result made with other settings is an error, not something to overwrite silently."""
+    An existing result made with other settings is an error, not something to overwrite silently. A training
+    cell still running at ``deadline`` raises :class:`~prge_lib.train.TrainingStopped` after saving its
+    checkpoint, and writes no result."""
 
     path = cell.result_path(results)
     if path.is_file():
@@ -359,7 +361,7 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     elif cell.kind == "bench":
         result = _run_bench(cell)
     else:
-        result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress)
+        result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline)
     result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
                       "label": cell.row.label, "lr": cell.lr}
     result.setdefault("seed", cell.seed)
@@ -368,12 +370,12 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     return write_result(path, result)
 
 
-def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool) -> dict:
+def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None) -> dict:
 
     config = TrainConfig(**cell.config())
     trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
     resume = trainer.checkpoint_path().is_file()
-    result = trainer.run(resume=resume)
+    result = trainer.run(resume=resume, deadline=deadline)
     result.update(status="finished", model=config.model or "SmolLM2-135M-Instruct")
     return result
 
@@ -458,24 +460,34 @@ def validate_result(result: dict) -> None:
 # ---------------------------------------------------------------- running a grid
 def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
              results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
-             cpus_per_cell: int = 1, say: Callable[[str], None] = print) -> list[Path]:
-    """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``)."""
+             cpus_per_cell: int = 1, say: Callable[[str], None] = print,
+             deadline: float | None = None) -> list[Path]:
+    """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
+    result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
+    after it, and a training cell running past it stops at a checkpoint, to resume on the next run."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     todo = [c for c in cells if not c.result_path(results).is_file()]
     checkpoints = checkpoint_root(checkpoints)
     say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
     if backend == "ray":
-        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say)
+        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline)
     from tqdm.auto import tqdm
     paths = []
     for cell in tqdm(todo, desc="cells", disable=not progress or len(todo) < 2):
+        if deadline is not None and time.time() >= deadline:
+            say(f"time limit reached: {len(todo) - len(paths)} cells not run; the same command continues")
+            break
         say(f"cell {cell.name}")
-        paths.append(run_cell(cell, results, checkpoints, progress))
+        try:
+            paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline))
+        except TrainingStopped as stop:
+            say(f"cell {cell.name}: {stop}; the same command resumes it")
+            break
     return paths
 
 
-def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say) -> list[Path]:
+def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None) -> list[Path]:
     try:
         import ray
     except ImportError:
@@ -484,19 +496,32 @@ def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say) -> lis
         ray.init(address=address, log_to_driver=False)
     task = ray.remote(num_cpus=cpus_per_cell)(_ray_cell)
     env = {"PRGE_DATA_DIR": os.environ.get("PRGE_DATA_DIR", ""), "PRGE_FAST": os.environ.get("PRGE_FAST", "")}
-    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env): cell for cell in cells}
+    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env, deadline): cell
+               for cell in cells}
     paths = []
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         cell = pending.pop(done[0])
-        paths.append(Path(ray.get(done[0])))
+        path, stopped = ray.get(done[0])
+        if path is None:
+            say(f"cell {cell.name}: {stopped}; the same command resumes it")
+            continue
+        paths.append(Path(path))
         say(f"cell {cell.name} done ({len(cells) - len(pending)}/{len(cells)})")
     return paths
 
 
-def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dict) -> str:
+def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dict,
+              deadline: float | None = None) -> tuple[str | None, str | None]:
+    """(result path, None), or (None, why) for a cell the deadline stopped or kept from starting."""
     os.environ.update({k: v for k, v in env.items() if v})
-    return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads))
+    if deadline is not None and time.time() >= deadline:
+        return None, "not started: time limit reached"
+    try:
+        return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads,
+                            deadline=deadline)), None
+    except TrainingStopped as stop:
+        return None, str(stop)
 
 
 # ---------------------------------------------------------------- listing and summarizing

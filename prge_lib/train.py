@@ -77,6 +77,16 @@ class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good state is kept in the checkpoint."""
 
 
+class TrainingStopped(RuntimeError):
+    """The run reached its deadline (a GPU or notebook session about to end): it stopped after a step and
+    saved a checkpoint there, so the same run resumes from it."""
+
+    def __init__(self, step: int, steps: int, checkpoint: Path | None):
+        self.step, self.steps, self.checkpoint = step, steps, checkpoint
+        where = f"its checkpoint is {checkpoint}" if checkpoint else "no checkpoint folder was given"
+        super().__init__(f"stopped by the time limit after step {step} of {steps}; {where}")
+
+
 def _option(default, help: str, **argparse_settings):
     """A TrainConfig field that is also a ``prge train`` option (the CLI builds its options from these)."""
     return field(default=default, metadata={"help": help, **argparse_settings})
@@ -319,7 +329,7 @@ class Trainer:
         method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
         if getattr(self.method, "optimizer", None) is not None:      # first-order methods
             method["optimizer"] = self.method.optimizer.state_dict()
-        payload = {"format": 1, "config": self.config.identity(), "step": self.step,
+        payload = {"format": 1, "config": self.config.identity(), "step": self.step, "device": self.device.type,
                    "method": method, "history": self.history, "elapsed": self.elapsed,
                    "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
                    "epoch": epoch, "epoch_order": self.epoch_order(epoch)}
@@ -331,12 +341,18 @@ class Trainer:
         path = self.checkpoint_path()
         if path is None or not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {path}")
-        payload = torch.load(path, weights_only=False)
+        payload = torch.load(path, weights_only=False, map_location="cpu")
         saved, current = {**_IDENTITY_LEGACY, **payload["config"]}, self.config.identity()
         differ = {k: (saved.get(k), current[k]) for k in current if saved.get(k) != current[k]}
         if differ:
             raise ValueError(f"the checkpoint in {path.parent} was made with other settings "
                              f"(saved, now): {differ}; resume with the same settings or another folder")
+        if payload.get("device", "cpu") != self.device.type:
+            # the ZO noise of each step comes from the device's generator: the rest of the run would draw
+            # other numbers than the run that made the checkpoint, so its result would stand for neither device
+            raise ValueError(f"the checkpoint in {path.parent} was made on {payload.get('device', 'cpu')}, this run "
+                             f"is on {self.device.type}: resume it with --device {payload.get('device', 'cpu')}, "
+                             f"or move the folder away to start the run again here")
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(payload["method"]["trainable"][name])
@@ -347,7 +363,9 @@ class Trainer:
         random.setstate(payload["rng"]["python"])
 
     # ----- the loop
-    def run(self, resume: bool = False) -> dict:
+    def run(self, resume: bool = False, deadline: float | None = None) -> dict:
+        """Train to ``config.steps`` and return :meth:`summary`. ``deadline`` (a ``time.time()`` value): once
+        passed, stop after the current step with a checkpoint there (:class:`TrainingStopped`)."""
         c = self.config
         if resume:
             self.load_checkpoint()
@@ -381,6 +399,9 @@ class Trainer:
                 self.save_checkpoint()
             bar.set_postfix(postfix)
             bar.update(1)
+            if deadline is not None and time.time() >= deadline and self.step < c.steps:
+                bar.close()
+                raise TrainingStopped(self.step, c.steps, self.save_checkpoint())
         bar.close()
         return self.summary()
 

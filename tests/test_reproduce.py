@@ -139,6 +139,36 @@ def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_e
         rp.run_cell(other, res, ck, progress=False)
 
 
+def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder, tmp_path):
+    import torch
+    from prge_lib.train import TrainingStopped
+
+    cells = _tiny_cells(tiny_folder, seeds=(0,))
+    whole = tmp_path / "whole"
+    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
+    res, ck = tmp_path / "res", tmp_path / "ck"
+    with pytest.raises(TrainingStopped, match="after step 1 of 4") as stop:      # a deadline already passed
+        rp.run_cell(cells[0], res, ck, progress=False, deadline=0.0)
+    assert stop.value.checkpoint == cells[0].checkpoint_dir(ck) / "checkpoint.pt"
+    assert not cells[0].result_path(res).is_file() and "partial 1/4" in rp.list_cells(cells, res, ck)
+    said = []
+    assert rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append, deadline=0.0) == []
+    assert said[-1] == "time limit reached: 1 cells not run; the same command continues"
+
+    # a checkpoint made on another device is refused, naming both
+    payload = torch.load(stop.value.checkpoint, weights_only=False)
+    assert payload["device"] == "cpu"
+    elsewhere = tmp_path / "elsewhere"
+    (cells[0].checkpoint_dir(elsewhere)).mkdir(parents=True)
+    torch.save({**payload, "device": "cuda"}, cells[0].checkpoint_dir(elsewhere) / "checkpoint.pt")
+    with pytest.raises(ValueError, match="made on cuda, this run is on cpu: resume it with --device cuda"):
+        rp.run_cell(cells[0], res, elsewhere, progress=False)
+
+    rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)
+    _same_run(json.loads(cells[0].result_path(res).read_text()),
+              json.loads(cells[0].result_path(whole / "res").read_text()))
+
+
 def test_ray_runs_the_same_cells_as_the_process(tiny_env, tiny_folder, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra: pip install -e '.[cluster]'")
     cells = _tiny_cells(tiny_folder)
@@ -290,6 +320,10 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert "--seeds takes integers" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--summary", *roots]) == 2
     assert "has no training results" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", "0", *roots]) == 2
+    assert "--time-limit takes minutes > 0, got 0.0" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--device", "tpu", *roots]) == 2
+    assert "device 'tpu': choose cpu or cuda" in capsys.readouterr().err
     # a tiny real run through the command line: the zero-shot cell of one seed
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--model", str(tiny_folder), *roots]) == 0
     result = json.loads((tmp_path / "res" / "table1" / "sst2" / "zeroshot_seed0.json").read_text())
