@@ -50,6 +50,9 @@ BACKENDS = ("local", "ray")
 # on the cell's task and batch (:func:`prompt_length_factor`): RTE's steps take about 5x SST-2's.
 SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0, "prge": 2.3, "senszoq": 3.0,
                     "mebp": 2.9}
+# MeZO over a peft adapter (the peft grid), per adapter, SST-2, same conditions: the committed cells' median step
+# (VeRA: the median of the first 200 steps of its lr 1e-3 cell; its shared random projections make a step ~3x LoRA's)
+ADAPTER_SECONDS_PER_STEP = {"lora": 2.9, "lora-fa": 2.8, "dora": 3.6, "vera": 9.1}
 EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
@@ -330,9 +333,12 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
         return steps * a * (c["seq_len"] / 64) ** b + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
-    # MeZO on an adapter (the peft grid) costs what MeZO on LoRA-FA does, not MeZO on every weight
-    adapter = c.get("adapter", "none") != "none"
-    rate = SECONDS_PER_STEP["mezo-lorafa" if c["method"] == "mezo" and adapter else c["method"]]
+    # MeZO on an adapter (the peft grid) is priced by its adapter, not as MeZO on every weight
+    adapter = c.get("adapter", "none")
+    if c["method"] == "mezo" and adapter != "none":
+        rate = ADAPTER_SECONDS_PER_STEP.get(adapter, SECONDS_PER_STEP["mezo-lorafa"])
+    else:
+        rate = SECONDS_PER_STEP[c["method"]]
     step = rate * prompt_length_factor(cell.task, c)
     return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)
 
