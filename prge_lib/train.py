@@ -347,12 +347,13 @@ class Trainer:
         if differ:
             raise ValueError(f"the checkpoint in {path.parent} was made with other settings "
                              f"(saved, now): {differ}; resume with the same settings or another folder")
-        if payload.get("device", "cpu") != self.device.type:
+        made_on = payload.get("device", "cpu")          # checkpoints from before the field: the CPU
+        if made_on != self.device.type:
             # the ZO noise of each step comes from the device's generator: the rest of the run would draw
             # other numbers than the run that made the checkpoint, so its result would stand for neither device
-            raise ValueError(f"the checkpoint in {path.parent} was made on {payload.get('device', 'cpu')}, this run "
-                             f"is on {self.device.type}: resume it with --device {payload.get('device', 'cpu')}, "
-                             f"or move the folder away to start the run again here")
+            raise ValueError(f"the checkpoint in {path.parent} was made on {made_on}, this run is on "
+                             f"{self.device.type}: resume it with --device {made_on}, or move the folder away "
+                             f"to start the run again here")
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(payload["method"]["trainable"][name])
