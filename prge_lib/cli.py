@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shlex
 import sys
 import time
@@ -204,22 +205,32 @@ def _device_bench(args) -> int:
 def _reproduce(args) -> int:
     from . import reproduce as rp
 
+    roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
+             "checkpoints": rp.checkpoint_root(args.checkpoint_root)}
+    if args.summary:                    # reads the result files only: no cell, device or time limit involved
+        csv_path, md_path = rp.write_summary(args.grid, roots["results"], args.profile)
+        print(md_path.read_text(), end="")
+        print(f"-> {csv_path}, {md_path}", file=sys.stderr)
+        return 0
     seeds = None
     if args.seeds:
         try:
             seeds = [int(v) for v in args.seeds.split(",")]
         except ValueError:
             raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
-    roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
-             "checkpoints": rp.checkpoint_root(args.checkpoint_root)}
     overrides = {"steps": args.steps} if args.steps else {}
     if args.device != "cpu":
+        benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
+        if args.grid in benchmarks:
+            raise ValueError(f"--device {args.device}: the {args.grid!r} grid times this machine's CPU, so it has "
+                             f"no device option; --device applies to the other grids, not to {benchmarks}")
         from .models import check_device
         check_device(args.device)      # before any cell starts, naming what this torch can use
         overrides["device"] = args.device
     cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
-    if not cells and not args.summary:
-        raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; --list shows the names")
+    if not cells:
+        raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
+                         f"prge reproduce {args.grid} --list shows the names")
     if args.list or args.dry_run:
         print(rp.list_cells(cells, **roots))
         if args.dry_run:
@@ -227,19 +238,23 @@ def _reproduce(args) -> int:
                 if not cell.result_path(roots["results"]).is_file():
                     print(f"would run: {cell.command()}")
         return 0
-    if not args.summary:
-        deadline = None
-        if args.time_limit is not None:
-            if args.time_limit <= 0:
-                raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
-            deadline = time.time() + 60 * args.time_limit
-        rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
-                    say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, **roots)
-    if args.summary:
-        csv_path, md_path = rp.write_summary(args.grid, roots["results"])
-        print(md_path.read_text(), end="")
-        print(f"-> {csv_path}, {md_path}", file=sys.stderr)
+    deadline = None
+    if args.time_limit is not None:
+        if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+            raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
+        deadline = time.time() + 60 * args.time_limit
+    rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
+                say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, **roots)
+    left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
+    if left:                            # the time limit stopped the grid, or a Ray task stopped
+        print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
+              f"(exit status {EXIT_CELLS_LEFT})", file=sys.stderr)
+        return EXIT_CELLS_LEFT
     return 0
+
+
+# `prge reproduce` stopped with cells left to run (a --time-limit): distinct from success (0) and bad input (2)
+EXIT_CELLS_LEFT = 3
 
 
 MODEL_OPTIONS = ("model", "dtype", "quant", "device")

@@ -1,10 +1,12 @@
 """The reproduction runner behind chapter 7: the papers' tables as grids of independent cells.
 
 A *grid* is a named list of *cells*; a cell is one run (model × task × method × hyperparameters × seed) that
-writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json``. The runner skips a cell
-whose result exists (after checking that the file was made with the cell's settings), resumes an interrupted
-cell from its checkpoint (``<cache>/reproduce/<grid>/<cell>/``, :func:`checkpoint_root`), and so continues
-where it stopped when killed and rerun, also from a fresh clone on the same machine. Cells are independent, so
+writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json`` (``<grid>-paper/`` for the
+paper profile, :func:`grid_folder`). The runner skips a cell whose result exists (and refuses to go on when a
+result there was made with other settings), resumes an interrupted cell from its checkpoint
+(``<cache>/reproduce/<grid>/<cell>/``, :func:`checkpoint_root`, removed once the result is written), and so
+continues where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose
+loss turns non-finite is recorded as diverged (the steps it made) and the grid goes on. Cells are independent, so
 they can also be dispatched to a Ray cluster (``backend="ray"``).
 
 Model selection follows Gao et al. §4.1 / App. C: per (task, row) the learning rate with the best mean
@@ -24,6 +26,7 @@ import io
 import json
 import os
 import random
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,9 +40,10 @@ from .evaluate import zero_shot
 from .models import QUANT_MODES, load_model
 from .provenance import RESULTS_PATH, atomic_file, provenance, write_result
 from .tasks import get_task
-from .train import TrainConfig, Trainer, TrainingStopped
+from .train import TrainConfig, Trainer, TrainingDiverged, TrainingStopped
 
 REPO = Path(__file__).resolve().parent.parent
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"       # what a result names when no --model was given
 RESULTS = REPO / RESULTS_PATH
 PROFILES = ("cpu", "paper")
 BACKENDS = ("local", "ray")
@@ -93,7 +97,7 @@ class Cell:
     row: Row
     lr: float | None
     seed: int
-    settings: tuple          # sorted (name, value) pairs, hashable
+    settings: tuple          # sorted (name, value) pairs
 
     @property
     def name(self) -> str:
@@ -112,16 +116,30 @@ class Cell:
         return self.config().get("steps", 0)
 
     def result_path(self, root: Path = RESULTS) -> Path:
-        return Path(root) / self.grid / f"{self.name}.json"
+        return Path(root) / grid_folder(self.grid, self.profile) / f"{self.name}.json"
 
     def checkpoint_dir(self, root: Path | None = None) -> Path:
-        return checkpoint_root(root) / self.grid / self.name
+        return checkpoint_root(root) / grid_folder(self.grid, self.profile) / self.name
 
     def command(self) -> str:
-        """The command that runs this cell alone (recorded as the result's provenance)."""
-        device = self.config().get("device", "cpu")
-        on = "" if device == "cpu" else f" --device {device}"
-        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{on}"
+        """The command that runs this cell alone (recorded as the result's provenance): every setting in which
+        the cell differs from its grid's default, so that the command makes this very cell again."""
+        c, options = self.config(), ""
+        if self.seed not in self.row.seeds.get(self.profile, ()):
+            options += f" --seeds {self.seed}"
+        if self.kind == "train" and c["steps"] != STEPS[self.profile][_family(self.row.method)]:
+            options += f" --steps {c['steps']}"
+        if c.get("model"):
+            options += f" --model {c['model']}"
+        if c.get("device", "cpu") != "cpu":
+            options += f" --device {c['device']}"
+        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
+
+
+def grid_folder(grid: str, profile: str = "cpu") -> str:
+    """The folder (under the results and the checkpoint roots) of ``grid``'s cells under ``profile``: the grid's
+    name for the cpu profile, ``<grid>-<profile>`` for another, so that profiles never mix in one table."""
+    return grid if profile == "cpu" else f"{grid}-{profile}"
 
 
 def lr_text(lr: float) -> str:
@@ -227,8 +245,10 @@ def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = No
                     for settings in _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
                         cells.append(Cell(grid, profile, task, row, lr, seed, tuple(sorted(settings.items()))))
     if only:
-        for part in only.split(","):
-            cells = [c for c in cells if part.strip() in c.name]
+        for part in map(str.strip, only.split(",")):
+            # a whole cell name selects that cell alone ("…_seed1" is also inside "…_seed10")
+            exact = [c for c in cells if c.name == part]
+            cells = exact or [c for c in cells if part in c.name]
     return cells
 
 
@@ -259,18 +279,33 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
         return [] if result.get("kind") == "bench" else ["kind"]
     saved = result.get("config", {})
     return [k for k, v in cell.config().items()
-            if k not in ("model", "device") and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+            if k != "device" and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+
+
+def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str, list[str]]:
+    """{cell name: settings that differ} for the cells whose result file was made with other settings."""
+    conflicts = {}
+    for cell in cells:
+        path = cell.result_path(results)
+        if path.is_file():
+            differ = cell_matches(cell, json.loads(path.read_text()))
+            if differ:
+                conflicts[cell.name] = differ
+    return conflicts
 
 
 def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
-    """{"state": "done" | "partial" | "missing", "step": steps done, "steps": steps of the cell}."""
+    """{"state": "done" | "partial" | "missing" | "other settings (…)", "step": steps done, "steps": steps of
+    the cell}; the last is a result file made with other settings (:func:`cell_matches`)."""
     path = cell.result_path(results)
     if path.is_file():
-        return {"state": "done", "step": cell.steps(), "steps": cell.steps()}
+        differ = cell_matches(cell, json.loads(path.read_text()))
+        state = "other settings (" + ", ".join(differ) + ")" if differ else "done"
+        return {"state": state, "step": cell.steps(), "steps": cell.steps()}
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
     if ckpt.is_file():
         import torch
-        step = torch.load(ckpt, weights_only=False, map_location="cpu")["step"]
+        step = torch.load(ckpt, weights_only=False, map_location="cpu", mmap=True)["step"]   # no tensor read
         return {"state": "partial", "step": step, "steps": cell.steps()}
     return {"state": "missing", "step": 0, "steps": cell.steps()}
 
@@ -349,7 +384,8 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
 
     An existing result made with other settings is an error, not something to overwrite silently. A training
     cell still running at ``deadline`` raises :class:`~prge_lib.train.TrainingStopped` after saving its
-    checkpoint, and writes no result."""
+    checkpoint, and writes no result. A cell whose loss turns non-finite writes the steps it made, with
+    ``status`` "diverged". Once the result is written the cell's checkpoint folder is removed."""
 
     path = cell.result_path(results)
     if path.is_file():
@@ -373,7 +409,10 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     result.setdefault("seed", cell.seed)
     result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
     validate_result(result)
-    return write_result(path, result)
+    written = write_result(path, result)
+    # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
+    shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
+    return written
 
 
 def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None) -> dict:
@@ -381,8 +420,15 @@ def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float
     config = TrainConfig(**cell.config())
     trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
     resume = trainer.checkpoint_path().is_file()
-    result = trainer.run(resume=resume, deadline=deadline)
-    result.update(status="finished", model=config.model or "SmolLM2-135M-Instruct")
+    try:
+        result = trainer.run(resume=resume, deadline=deadline)
+        result["status"] = "finished"
+    except TrainingDiverged as diverged:
+        # the same seeds would diverge at the same step on every rerun: record the run as far as it went (its
+        # evaluations, and one at the last good state), so the grid goes on and the table can say so
+        result = trainer.summary()
+        result.update(status="diverged", diverged=str(diverged))
+    result["model"] = config.model or EMBEDDED_MODEL
     return result
 
 
@@ -400,7 +446,7 @@ def _run_zeroshot(cell: Cell) -> dict:
             "seed": c["seed"], "config": {**c, "method": "zeroshot", "steps": 0}, "steps": 0,
             "data_sizes": data.sizes(), "data_notes": data.notes, "zero_shot_val": val,
             "best_val": point, "final": point, "evals": [point], "losses": [], "status": "finished",
-            "model": c.get("model") or "SmolLM2-135M-Instruct"}
+            "model": c.get("model") or EMBEDDED_MODEL}
 
 
 def _run_bench(cell: Cell) -> dict:
@@ -473,6 +519,12 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     after it, and a training cell running past it stops at a checkpoint, to resume on the next run."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    conflicts = conflicting_results(cells, results)
+    if conflicts:
+        named = "; ".join(f"{name} ({', '.join(keys)})" for name, keys in list(conflicts.items())[:5])
+        raise ValueError(f"{len(conflicts)} cells have a result under {Path(results)} made with other settings: "
+                         f"{named}{' …' if len(conflicts) > 5 else ''}. Give these runs their own --results-dir, "
+                         "or move those files away to rerun the cells")
     todo = [c for c in cells if not c.result_path(results).is_file()]
     checkpoints = checkpoint_root(checkpoints)
     say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
@@ -481,7 +533,7 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     from tqdm.auto import tqdm
     paths = []
     for cell in tqdm(todo, desc="cells", disable=not progress or len(todo) < 2):
-        if deadline is not None and time.time() >= deadline:
+        if not _fits_before(cell, deadline):
             say(f"time limit reached: {len(todo) - len(paths)} cells not run; the same command continues")
             break
         say(f"cell {cell.name}")
@@ -491,6 +543,15 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
             say(f"cell {cell.name}: {stop}; the same command resumes it")
             break
     return paths
+
+
+def _fits_before(cell: Cell, deadline: float | None) -> bool:
+    """Whether ``cell`` may start: a training cell until the deadline (it stops at a checkpoint when the deadline
+    comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends before it."""
+    if deadline is None:
+        return True
+    needs = 0.0 if cell.kind == "train" else estimate_seconds(cell, cell.steps())
+    return time.time() + needs < deadline
 
 
 def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None) -> list[Path]:
@@ -521,7 +582,7 @@ def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dic
               deadline: float | None = None) -> tuple[str | None, str | None]:
     """(result path, None), or (None, why) for a cell the deadline stopped or kept from starting."""
     os.environ.update({k: v for k, v in env.items() if v})
-    if deadline is not None and time.time() >= deadline:
+    if not _fits_before(cell, deadline):
         return None, "not started: time limit reached"
     try:
         return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads,
@@ -533,14 +594,15 @@ def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dic
 # ---------------------------------------------------------------- listing and summarizing
 def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None) -> str:
     """A plain-text table: each cell's state (done / partial at step k / missing) and its time left."""
-    lines, left = [], 0.0
+    lines, left, done = [], 0.0, 0
     for cell in cells:
         st = cell_status(cell, results, checkpoints)
-        seconds = 0.0 if st["state"] == "done" else estimate_seconds(cell, st["steps"] - st["step"])
+        done += st["state"] == "done"
+        seconds = estimate_seconds(cell, max(0, st["steps"] - st["step"])) if st["state"] in ("partial", "missing") \
+            else 0.0
         left += seconds
         state = f"partial {st['step']}/{st['steps']}" if st["state"] == "partial" else st["state"]
         lines.append(f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}")
-    done = sum(1 for c in cells if c.result_path(results).is_file())
     basis = ("benchmark cells alone on an idle machine" if all(c.kind == "bench" for c in cells) else
              "training cells at 1 torch thread each; two side by side on a 2-core CPU take about half as long")
     lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left ({basis})")
@@ -551,9 +613,9 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def load_results(grid: str, results: Path = RESULTS) -> list[dict]:
-    """Every result file of ``grid`` (validated), with its path relative to the grid folder."""
-    folder = Path(results) / grid
+def load_results(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
+    """Every result file of ``grid`` under ``profile`` (validated), with its path relative to the grid folder."""
+    folder = Path(results) / grid_folder(grid, profile)
     out = []
     for path in sorted(folder.rglob("*.json")):
         data = json.loads(path.read_text())
@@ -571,10 +633,11 @@ def _row_of(result: dict) -> str:
     return Path(result["_file"]).name.split("_lr")[0].split("_seed")[0]
 
 
-def runs_of(grid: str, task: str, row: str, lr: float | None = None, results: Path = RESULTS) -> list[dict]:
+def runs_of(grid: str, task: str, row: str, lr: float | None = None, results: Path = RESULTS,
+            profile: str = "cpu") -> list[dict]:
     """The result files of one row of ``grid`` on ``task`` (validated, in seed order); with ``lr``, only the runs at
     that learning rate, as a :func:`summarize` record names them (``runs_of(grid, r["task"], r["row"], r["lr"])``)."""
-    runs = [r for r in load_results(grid, results) if r.get("kind") == "train" and r["task"] == task
+    runs = [r for r in load_results(grid, results, profile) if r.get("kind") == "train" and r["task"] == task
             and _row_of(r) == row and (lr is None or r["config"].get("lr") == lr)]
     return sorted(runs, key=lambda r: r["seed"])
 
@@ -595,13 +658,14 @@ def training_seconds(result: dict) -> float | None:
     return sum(s if s <= PAUSE_FACTOR * median else median for s in steps)
 
 
-def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
+def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
     """One record per (task, row): the chosen lr (best mean validation over seeds), the test score at each
     seed's best validation step as mean, standard deviation, min and max over the seeds, the mean training
     minutes per run (:func:`training_seconds`; None for zero-shot rows) and where the runs ran (``device``:
-    "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device)."""
+    "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). Runs of one
+    (task, row) that were set to different step counts are an error: their scores do not average."""
     groups: dict[tuple, dict[float | None, list[dict]]] = {}
-    for r in load_results(grid, results):
+    for r in load_results(grid, results, profile):
         if r.get("kind") != "train":
             continue
         lr = r["config"].get("lr") if r["method"] != "zeroshot" else None
@@ -611,6 +675,10 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
     records = []
     for (task, row), by_lr in sorted(groups.items(), key=lambda kv: (
             tasks.index(kv[0][0]) if kv[0][0] in tasks else 99, order.get(kv[0][1], 99), kv[0][1])):
+        planned = {r["config"].get("steps") for runs in by_lr.values() for r in runs}
+        if len(planned) > 1:
+            raise ValueError(f"{grid_folder(grid, profile)}: the {task}/{row} runs were set to different step "
+                             f"counts {sorted(planned)}; keep one count per folder (--results-dir)")
         lr, runs = max(by_lr.items(), key=lambda kv: statistics.fmean(r["best_val"]["val"] for r in kv[1]))
         runs = sorted(runs, key=lambda r: r["seed"])
         tests = [100 * r["best_val"]["test"] for r in runs]
@@ -620,7 +688,7 @@ def summarize(grid: str, results: Path = RESULTS) -> list[dict]:
         devices = sorted({device_of(r) for r in runs})
         records.append({
             "task": task, "row": row, "label": label, "lr": lr, "seeds": [r["seed"] for r in runs],
-            "n": len(runs), "steps": runs[0]["steps"],
+            "n": len(runs), "steps": runs[0]["config"].get("steps", runs[0]["steps"]),
             "val_mean": round(statistics.fmean(vals), 2), "test_mean": round(statistics.fmean(tests), 2),
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
@@ -636,13 +704,13 @@ def device_of(result: dict) -> str:
     return str(result.get("config", {}).get("device") or "cpu").split(":")[0]
 
 
-def write_summary(grid: str, results: Path = RESULTS) -> tuple[Path, Path]:
+def write_summary(grid: str, results: Path = RESULTS, profile: str = "cpu") -> tuple[Path, Path]:
     """``summary.csv`` and ``summary.md`` in the grid's folder, from :func:`summarize`."""
 
-    records = summarize(grid, results)
+    records = summarize(grid, results, profile)
+    folder = Path(results) / grid_folder(grid, profile)
     if not records:
-        raise ValueError(f"grid {grid!r} has no training results under {Path(results) / grid}")
-    folder = Path(results) / grid
+        raise ValueError(f"grid {grid!r} has no training results under {folder}")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(records[0]), lineterminator="\n")
     writer.writeheader()
@@ -668,7 +736,7 @@ def format_score(record: dict) -> str:
 def summary_markdown(records: list[dict]) -> str:
     tasks = list(dict.fromkeys(r["task"] for r in records))
     rows = list(dict.fromkeys((r["row"], r["label"]) for r in records))
-    cell = {(r["task"], r["row"]): r for r in records}
+    cell = table_of(records)
     lines = ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
     for key, label in rows:
         lines.append(f"| {label} | " + " | ".join(

@@ -354,6 +354,10 @@ class Trainer:
             raise ValueError(f"the checkpoint in {path.parent} was made on {made_on}, this run is on "
                              f"{self.device.type}: resume it with --device {made_on}, or move the folder away "
                              f"to start the run again here")
+        if payload["step"] > self.config.steps:
+            raise ValueError(f"the checkpoint in {path.parent} is at step {payload['step']}, past this run's "
+                             f"{self.config.steps} steps: give at least --steps {payload['step']}, or move the "
+                             f"folder away to start the run again")
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(payload["method"]["trainable"][name])

@@ -1,6 +1,7 @@
 """The reproduction runner (chapter 7): grids, resume after a kill, Ray = in-process, schema, summaries."""
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -124,20 +125,70 @@ def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_e
     assert "done" in listing and "partial 2/4" in listing and "1/2 done" in listing
 
     monkeypatch.setattr(PRGE, "step", real_step)
+    # the checkpoint (step 2) cannot be resumed into a shorter run
+    shorter = rp.grid_cells("table1", "cpu", seeds=[1], only="sst2/prge-q4", model=str(tiny_folder),
+                            **{**TINY, "steps": 1})[0]
+    with pytest.raises(ValueError, match="is at step 2, past this run's 1 steps: give at least --steps 2"):
+        rp.run_cell(shorter, res, ck, progress=False)
     said = []
     rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append)
     assert said[0] == "1 of 2 cells done; running 1"
     for cell in cells:
         _same_run(json.loads(cell.result_path(res).read_text()), json.loads(cell.result_path(whole / "res").read_text()))
+        assert not cell.checkpoint_dir(ck).exists()            # removed once the result was written
     result = json.loads(cells[1].result_path(res).read_text())
-    assert result["provenance"]["command"] == "prge reproduce table1 --profile cpu --only sst2/prge-q4-E16_lr1e-3_seed1"
+    # the recorded command makes this very cell: the profile's defaults it overrides are in it
+    assert result["provenance"]["command"] == ("prge reproduce table1 --profile cpu --only "
+                                               f"sst2/prge-q4-E16_lr1e-3_seed1 --steps 4 --model {tiny_folder}")
     rp.validate_result(result)
 
-    # a result file made with other settings is never taken for the cell's
+    # a result file made with other settings is never taken for the cell's: not by one cell, not by a grid
     other = rp.grid_cells("table1", "cpu", seeds=[1], only="sst2/prge-q4", model=str(tiny_folder),
                           **{**TINY, "steps": 5})[0]
     with pytest.raises(ValueError, match=r"other settings \(\['steps'\]\)"):
         rp.run_cell(other, res, ck, progress=False)
+    with pytest.raises(ValueError, match=r"1 cells have a result .* other settings: "
+                                         r"sst2/prge-q4-E16_lr1e-3_seed1 \(steps\)\. Give these runs their own"):
+        rp.run_grid([cells[0], other], results=res, checkpoints=ck, progress=False, say=lambda _: None)
+    assert "other settings (steps)" in rp.list_cells([other], res, ck)
+    elsewhere = rp.grid_cells("table1", "cpu", seeds=[1], only="sst2/prge-q4", **TINY)[0]     # another model
+    assert rp.cell_matches(elsewhere, result) == ["model"]
+
+
+def test_a_diverging_cell_is_recorded_and_the_grid_goes_on(tiny_env, tiny_folder, tmp_path, monkeypatch):
+    from prge_lib.prge import PRGE
+    real_step = PRGE.step
+
+    def nan_at_step_3(self, batch, t):
+        if self.seed == 0 and t == 2:          # the first cell's loss turns non-finite; nothing is applied
+            return {"loss": float("nan"), "finite": False}
+        return real_step(self, batch, t)
+
+    monkeypatch.setattr(PRGE, "step", nan_at_step_3)
+    cells = _tiny_cells(tiny_folder)
+    res, ck = tmp_path / "res", tmp_path / "ck"
+    paths = rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)
+    assert paths == [c.result_path(res) for c in cells]                 # the second cell ran
+    diverged, finished = (json.loads(p.read_text()) for p in paths)
+    assert diverged["status"] == "diverged" and "step 3: the loss is nan" in diverged["diverged"]
+    assert diverged["steps"] == len(diverged["losses"]) == 2 and diverged["final"]["step"] == 2
+    assert finished["status"] == "finished" and finished["steps"] == 4
+    assert not rp.cell_matches(cells[0], diverged) and not cells[0].checkpoint_dir(ck).exists()
+    record, = rp.summarize("table1", res)
+    assert record["steps"] == 4 and record["n"] == 2                     # the planned steps, both seeds
+
+
+def test_only_a_whole_cell_name_selects_that_cell_and_other_profiles_keep_their_own_folder(tmp_path):
+    name = "sst2/prge-q4-E16_lr1e-3_seed1"
+    picked = rp.grid_cells("table1", "cpu", seeds=[1, 10], only=name)
+    assert [c.name for c in picked] == [name]                           # not also …_seed10
+    assert len(rp.grid_cells("table1", "cpu", seeds=[1, 10], only="sst2/prge-q4")) == 2
+    ten, = rp.grid_cells("table1", "cpu", seeds=[10], only="sst2/prge-q4")
+    assert ten.command() == f"prge reproduce table1 --profile cpu --only {ten.name} --seeds 10"
+    paper = rp.grid_cells("table1", "paper", only="sst2/prge-q4-E16_lr1e-3_seed0")[0]
+    assert paper.result_path(tmp_path) == tmp_path / "table1-paper" / "sst2" / "prge-q4-E16_lr1e-3_seed0.json"
+    assert paper.checkpoint_dir(tmp_path).parent.parent == tmp_path / "table1-paper"
+    assert "--steps" not in paper.command()                              # 20000 is the paper profile's own
 
 
 def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder, tmp_path):
@@ -155,6 +206,12 @@ def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes
     said = []
     assert rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append, deadline=0.0) == []
     assert said[-1] == "time limit reached: 1 cells not run; the same command continues"
+    # with a minute left a training cell still starts (it stops at a checkpoint); a zero-shot cell, which cannot
+    # stop halfway, starts only if its estimate fits
+    zero_shot, = rp.grid_cells("table1", "cpu", only="sst2/zeroshot")
+    soon = time.time() + 60
+    assert rp._fits_before(cells[0], soon) and not rp._fits_before(zero_shot, soon)
+    assert rp._fits_before(zero_shot, soon + rp.estimate_seconds(zero_shot, 0) + 60)
 
     # a checkpoint made on another device is refused, naming both
     payload = torch.load(stop.value.checkpoint, weights_only=False)
@@ -321,8 +378,13 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert "--seeds takes integers" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--summary", *roots]) == 2
     assert "has no training results" in capsys.readouterr().err
-    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", "0", *roots]) == 2
-    assert "--time-limit takes minutes > 0, got 0.0" in capsys.readouterr().err
+    for bad in ("0", "nan"):
+        assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", bad, *roots]) == 2
+        assert f"--time-limit takes minutes > 0, got {float(bad)}" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", "1e-9", *roots]) == 3
+    assert "1 of 1 cells still to run; the same command continues (exit status 3)" in capsys.readouterr().err
+    assert main(["reproduce", "runtime", "--device", "cuda", *roots]) == 2
+    assert "the 'runtime' grid times this machine's CPU, so it has no device option" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--device", "tpu", *roots]) == 2
     assert "device 'tpu': choose cpu or cuda" in capsys.readouterr().err
     # a tiny real run through the command line: the zero-shot cell of one seed
