@@ -26,6 +26,7 @@ import io
 import json
 import os
 import random
+import shlex
 import shutil
 import statistics
 import time
@@ -130,7 +131,7 @@ class Cell:
         if self.kind == "train" and c["steps"] != STEPS[self.profile][_family(self.row.method)]:
             options += f" --steps {c['steps']}"
         if c.get("model"):
-            options += f" --model {c['model']}"
+            options += f" --model {shlex.quote(str(c['model']))}"
         if c.get("device", "cpu") != "cpu":
             options += f" --device {c['device']}"
         return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
