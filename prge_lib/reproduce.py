@@ -56,8 +56,8 @@ BACKENDS = ("local", "ray")
 SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0, "prge": 2.3, "senszoq": 3.0,
                     "mebp": 2.9}
 # MeZO over a peft adapter (the peft grid), per adapter, SST-2, same conditions: the committed cells' median step
-# (VeRA: the median of the first 200 steps of its lr 1e-3 cell; its shared random projections make a step ~3x LoRA's)
-ADAPTER_SECONDS_PER_STEP = {"lora": 2.9, "lora-fa": 2.8, "dora": 3.6, "vera": 9.1}
+# (VeRA, r = 1024: its lr 1e-3 cell's median step; the rank-1024 projections make a step ~3x LoRA's)
+ADAPTER_SECONDS_PER_STEP = {"lora": 2.9, "lora-fa": 2.8, "dora": 3.6, "vera": 9.0}
 EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
