@@ -283,24 +283,22 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
             if k != "device" and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
 
 
+def result_differs(cell: Cell, results: Path = RESULTS) -> list[str] | None:
+    """None where ``cell`` has no result file, else the settings in which that file differs (:func:`cell_matches`)."""
+    path = cell.result_path(results)
+    return cell_matches(cell, json.loads(path.read_text())) if path.is_file() else None
+
+
 def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str, list[str]]:
     """{cell name: settings that differ} for the cells whose result file was made with other settings."""
-    conflicts = {}
-    for cell in cells:
-        path = cell.result_path(results)
-        if path.is_file():
-            differ = cell_matches(cell, json.loads(path.read_text()))
-            if differ:
-                conflicts[cell.name] = differ
-    return conflicts
+    return {cell.name: differ for cell in cells if (differ := result_differs(cell, results))}
 
 
 def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
     """{"state": "done" | "partial" | "missing" | "other settings (…)", "step": steps done, "steps": steps of
     the cell}; the last is a result file made with other settings (:func:`cell_matches`)."""
-    path = cell.result_path(results)
-    if path.is_file():
-        differ = cell_matches(cell, json.loads(path.read_text()))
+    differ = result_differs(cell, results)
+    if differ is not None:
         state = "other settings (" + ", ".join(differ) + ")" if differ else "done"
         return {"state": state, "step": cell.steps(), "steps": cell.steps()}
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
@@ -388,12 +386,11 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     checkpoint, and writes no result. A cell whose loss turns non-finite writes the steps it made, with
     ``status`` "diverged". Once the result is written the cell's checkpoint folder is removed."""
 
-    path = cell.result_path(results)
-    if path.is_file():
-        differ = cell_matches(cell, json.loads(path.read_text()))
-        if differ:
-            raise ValueError(f"{path} holds a result made with other settings ({differ}); move it away "
-                             f"to rerun cell {cell.name}")
+    path, differ = cell.result_path(results), result_differs(cell, results)
+    if differ:
+        raise ValueError(f"{path} holds a result made with other settings ({differ}); move it away "
+                         f"to rerun cell {cell.name}")
+    if differ is not None:
         return path
     if threads:
         import torch
