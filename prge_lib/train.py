@@ -374,6 +374,9 @@ class Trainer:
         c = self.config
         if resume:
             self.load_checkpoint()
+            # a result put together over several sittings says where each later one began (its wall time
+            # covers the last sitting only; ``elapsed_s`` sums them all)
+            self.history.setdefault("resumed_at", []).append(self.step)
         elif c.eval_every:
             self.record_evaluation(0)
         bar = tqdm(total=c.steps, initial=self.step, desc=f"{c.method} {self.task.name}",
@@ -436,6 +439,7 @@ class Trainer:
             "step_time_s": {"median": times[len(times) // 2] if times else None,
                             "per_step": self.history["step_time_s"]},
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
+            "resumed_at_steps": self.history.get("resumed_at", []),
             **({"method_settings": self.method.settings} if getattr(self.method, "settings", None) else {}),
             **({"phase_times_s": {k: round(v, 3) for k, v in self.method.times.items()}}
                if getattr(self.method, "times", None) else {}),

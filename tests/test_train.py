@@ -36,6 +36,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_s
     result = resumed.run(resume=True)
     assert result["losses"] == whole["losses"]          # identical, not merely close
     assert result["evals"] == whole["evals"]
+    assert whole["resumed_at_steps"] == [] and result["resumed_at_steps"] == [4]   # the sittings are on record
     fresh = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra)
     fresh.run()
     for name, tensor in fresh.method.trainable().items():
