@@ -1,15 +1,15 @@
 """prge_lib: the thin library behind the P-RGE book (zeroth-order on-device fine-tuning of LLMs).
 
-Modules, one concept each: ``config`` (fast mode, paths, seeds), ``models`` (embedded SmolLM2, hub ids,
-INT8/NF4), ``tasks`` (the 14 tasks and their templates), ``data`` (MeZO sampling, left padding), ``pools``
-(the task pools shipped with the book), ``evaluate`` (zero-shot), ``metrics``, ``objective`` (answer-token
-cross-entropy, batches), ``rge`` (RGE, seeded noise, the ZO settings checks), ``mezo`` (MeZO's seed trick and
-MeZO over any tensors), ``lora`` (LoRA-FA with n copies of B), ``prge`` (the P-RGE step), ``adapters`` (peft
-parameter spaces), ``sensitivity`` and ``sparse`` (SensZOQ: Fisher masks; the sparse + NF4 layer and ZO on
-its sparse values), ``fo`` (first-order baselines), ``train`` (the trainer: checkpoints, resume, results),
-``reproduce`` (the papers' tables as resumable grids), ``measure`` (timing and peak memory), ``bench`` (the
-method benchmarks), ``prng``, ``program``, ``export`` and ``runtime`` (the counter generator, the exportable
-step, its export, the ExecuTorch runtime host), ``program_bench``, ``provenance`` (what result files record),
-``cli`` (``prge``).
+Layers, each a subpackage that imports only the ones listed before it (checked by ``lint-imports``):
+
+- ``common``: settings, repository paths, provenance, measurement;
+- ``data``: tasks, metrics, sampling, shipped pools;
+- ``models``: loading (embedded SmolLM2, hub ids, INT8/NF4), NF4 matrices, the answer-token objective;
+- ``zo``: the ZO engine: RGE, the counter generator, MeZO, LoRA-FA with copies, P-RGE;
+- ``methods``: first-order baselines, peft spaces, SensZOQ, MeBP;
+- ``training``: the config and the trainer shared by every method, zero-shot evaluation;
+- ``deploy``: the exportable step, its export to ExecuTorch, the Python and C++ hosts;
+- ``experiments``: the papers' grids and summaries, their numbers, the benchmarks;
+- ``cli``: the ``prge`` command.
 """
 __version__ = "0.1.0"

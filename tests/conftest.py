@@ -24,8 +24,8 @@ def shared_data() -> Path:
 @pytest.fixture()
 def sst2_small(fixture_data):
     """A 16 / 8 / 8 SST-2 sample of the fixture data (for trainer tests)."""
-    from prge_lib.data import sample_task
-    from prge_lib.tasks import get_task
+    from prge_lib.data.splits import sample_task
+    from prge_lib.data.tasks import get_task
 
     return sample_task(get_task("sst2"), 0, 16, 8, 8, root=fixture_data)
 
@@ -33,7 +33,7 @@ def sst2_small(fixture_data):
 @pytest.fixture(scope="session")
 def embedded():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once for the session."""
-    from prge_lib.models import load_model
+    from prge_lib.models.loading import load_model
 
     return load_model()
 
@@ -81,7 +81,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _export_tiny(fixture_data, tiny_folder, folder: Path, backend: str, seq_len: int) -> Path:
     """`prge export` of the tiny model cut to one layer (q 2, E 4), for sst2."""
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     pte = folder / "step.pte"
     with pytest.MonkeyPatch.context() as mp:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from prge_lib.tasks import TASKS
+from prge_lib.data.tasks import TASKS
 
 
 def _row(task: str, i: int) -> dict:
@@ -70,7 +70,7 @@ def randomize_b(layers, scale: float = 0.05, seed: int = 0) -> None:
 
 def small_trainer(tiny_factory, tokenizer, data, folder=None, **settings):
     """A 6-step SST-2 trainer on a fresh tiny model: evaluation every 3 steps, a checkpoint every 2."""
-    from prge_lib.train import TrainConfig, Trainer
+    from prge_lib.training.trainer import TrainConfig, Trainer
 
     settings = {"steps": 6, "eval_every": 3, "checkpoint_every": 2, **settings}
     return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from prge_lib.adapters import ADAPTERS, TRAINED_NAMES, add_adapter, add_peft_lorafa, check_adapter
-from prge_lib.objective import row_losses, synthetic_batch
-from prge_lib.mezo import MeZOFull
-from prge_lib.train import TrainConfig
+from prge_lib.methods.adapters import ADAPTERS, TRAINED_NAMES, add_adapter, add_peft_lorafa, check_adapter
+from prge_lib.models.objective import row_losses, synthetic_batch
+from prge_lib.zo.mezo import MeZOFull
+from prge_lib.training.trainer import TrainConfig
 
 from fixtures import small_trainer
 
@@ -150,7 +150,7 @@ def test_a_checkpoint_from_before_adapters_resumes_as_none(tiny_factory, tokeniz
 
 
 def test_command_line_trains_vera(fixture_data, tiny_folder, tmp_path, monkeypatch, capsys):
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     out = tmp_path / "v.json"

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from prge_lib.cli import main
+from prge_lib.cli.main import main
 
 
 def test_zeroshot_writes_result_with_provenance(fixture_data, tmp_path, monkeypatch):
@@ -24,7 +24,7 @@ def test_zeroshot_writes_result_with_provenance(fixture_data, tmp_path, monkeypa
 
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "prge_lib.cli", "zeroshot", "--task", "sst5", "--out",
+    proc = subprocess.run([sys.executable, "-m", "prge_lib.cli.main", "zeroshot", "--task", "sst5", "--out",
                            str(tmp_path / "x.json")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "unknown task 'sst5'; known tasks: sst2, rte, mrpc" in proc.stderr
@@ -50,7 +50,7 @@ def test_train_writes_result_adapter_and_resumes(fixture_data, tiny_folder, tmp_
     assert result["config"]["q"] == 2 and result["config"]["lr"] == 1e-3 and result["config"]["outer"] is True
     assert result["provenance"]["command"].startswith("prge train --task sst2 --method prge")
     assert {"best_val", "final", "evals", "step_time_s", "data_notes"} <= set(result)
-    from prge_lib.lora import read_adapter
+    from prge_lib.zo.lora import read_adapter
     assert len(read_adapter(adapter)) == 2 * 2 * 7
 
 
@@ -115,8 +115,8 @@ def test_train_options_are_the_train_config_fields():
     """Each training setting is declared once, in TrainConfig; `prge train` offers every one of them."""
     import dataclasses
 
-    from prge_lib.cli import build_parser
-    from prge_lib.train import TrainConfig
+    from prge_lib.cli.main import build_parser
+    from prge_lib.training.trainer import TrainConfig
 
     args = build_parser().parse_args(["train", "--task", "sst2", "--noise", "counter", "--layers", "2",
                                       "--targets", "q_proj,v_proj", "--no-outer", "--out", "x.json"])
@@ -132,7 +132,7 @@ def test_train_options_are_the_train_config_fields():
 def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
     import subprocess
 
-    from prge_lib.provenance import git_commit
+    from prge_lib.common.provenance import git_commit
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

@@ -1,6 +1,6 @@
 import pytest
 
-from prge_lib.config import fast_mode, pick
+from prge_lib.common.settings import fast_mode, pick
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("0", False), ("", False)])

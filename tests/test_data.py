@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
-from prge_lib import data as data_mod
-from prge_lib.config import data_dir
-from prge_lib.data import DataUnavailableError, left_pad, load_split, padding_share, sample_task
-from prge_lib.tasks import TASKS, get_task
+from prge_lib.data import splits as data_mod
+from prge_lib.common.settings import data_dir
+from prge_lib.data.splits import DataUnavailableError, left_pad, load_split, padding_share, sample_task
+from prge_lib.data.tasks import TASKS, get_task
 
 
 def _keys(rows):
@@ -32,7 +32,7 @@ def test_data_dir_setting_must_be_a_folder(monkeypatch, tmp_path):
 
 def test_an_unreachable_hub_error_says_what_to_set(monkeypatch):
     monkeypatch.setenv("PRGE_DATA_DIR", "hub")
-    monkeypatch.setattr("prge_lib.models.hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("prge_lib.common.hub.hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataUnavailableError, match="hub is unreachable.*Unset PRGE_DATA_DIR.*glue/rte/train.jsonl"):
         load_split(get_task("rte"), "train")
 
@@ -45,7 +45,7 @@ def test_data_dir_hub_reads_through_datasets(monkeypatch):
         return [{"sentence": "a", "label": 1, "idx": 0}]
 
     monkeypatch.setenv("PRGE_DATA_DIR", "hub")
-    monkeypatch.setattr("prge_lib.models.hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr("prge_lib.common.hub.hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
     assert load_split(get_task("sst2"), "validation") == [{"sentence": "a", "label": 1, "idx": 0}]
     assert load_split(get_task("winogrande"), "validation")

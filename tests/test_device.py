@@ -1,4 +1,4 @@
-"""The exportable P-RGE step (prge_lib.program, .export, .runtime): same step as the eager engine, exports without random
+"""The exportable P-RGE step (prge_lib.deploy.program, .export, .runtime): same step as the eager engine, exports without random
 operators, and runs in the ExecuTorch runtime with the eager trajectory."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 
-from prge_lib.program import TrainStep
-from prge_lib.lora import inject_lorafa
-from prge_lib.objective import Batch
-from prge_lib.prge import prge_step, step_seeds
+from prge_lib.deploy.program import TrainStep
+from prge_lib.zo.lora import inject_lorafa
+from prge_lib.models.objective import Batch
+from prge_lib.zo.prge import prge_step, step_seeds
 
 
 def _batch(vocab: int, rows: int = 3, length: int = 12, seed: int = 0) -> Batch:
@@ -117,7 +117,7 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
     20 steps and the losses agree with eager P-RGE (same seeds) within 1e-4 relative at every step."""
     import json
 
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     pte = tiny_program
@@ -150,9 +150,9 @@ def test_cli_export_then_train_in_the_runtime_with_eager_parity(fixture_data, ti
                           "--out", str(tmp_path / "resumed.json")]) == 0
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     assert resumed["losses"] == result["losses"]
-    from prge_lib.models import truncate_layers
-    from prge_lib.lora import load_adapter, read_adapter
-    from prge_lib.models import load_model
+    from prge_lib.models.loading import truncate_layers
+    from prge_lib.zo.lora import load_adapter, read_adapter
+    from prge_lib.models.loading import load_model
 
     model, _ = load_model(str(tiny_folder))
     truncate_layers(model, 1)
@@ -166,7 +166,7 @@ def test_device_bench_compares_runtime_and_eager(tiny_xnnpack_program, tmp_path)
     meters both processes' memory and traces the runtime's operators."""
     import json
 
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     pte, out = tiny_xnnpack_program, tmp_path / "bench.json"
     assert main(["device-bench", "--pte", str(pte), "--repeats", "2", "--profile", "--out", str(out)]) == 0
@@ -183,8 +183,8 @@ def test_device_bench_compares_runtime_and_eager(tiny_xnnpack_program, tmp_path)
 
 
 def test_program_refuses_other_settings(fixture_data, tiny_folder, tiny_program, monkeypatch):
-    from prge_lib.runtime import build_program_method
-    from prge_lib.train import TrainConfig, Trainer
+    from prge_lib.deploy.runtime import build_program_method
+    from prge_lib.training.trainer import TrainConfig, Trainer
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     pte = tiny_program
@@ -199,7 +199,7 @@ def test_program_refuses_other_settings(fixture_data, tiny_folder, tiny_program,
 
 
 def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path):
-    from prge_lib.runtime import train_in_runtime
+    from prge_lib.deploy.device_train import train_in_runtime
 
     with pytest.raises(ValueError, match="checkpoint_dir"):
         train_in_runtime(tiny_program, "sst2", 4, resume=True)
@@ -210,8 +210,8 @@ def test_train_in_runtime_refuses_resume_without_a_folder(tiny_program, tmp_path
 def test_fp16_program_keeps_the_adapter_in_fp32(fixture_data, tiny_folder, tmp_path, monkeypatch):
     """`--dtype fp16` halves the frozen weights; the adapter input and output stay fp32 and the runtime
     follows eager fp16 P-RGE; bf16 is refused."""
-    from prge_lib.export import export_training_program
-    from prge_lib.runtime import train_in_runtime
+    from prge_lib.deploy.export import export_training_program
+    from prge_lib.deploy.device_train import train_in_runtime
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     with pytest.raises(ValueError, match="bf16"):
@@ -228,7 +228,7 @@ def test_fp16_program_keeps_the_adapter_in_fp32(fixture_data, tiny_folder, tmp_p
 
 def test_unavailable_device_is_refused_by_name():
     """The Jetson path runs the eager trainer with --device cuda; where torch has no GPU the error says so."""
-    from prge_lib.models import check_device
+    from prge_lib.models.loading import check_device
 
     check_device("cpu")
     if torch.cuda.is_available():

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from prge_lib.data import sample_task
-from prge_lib.evaluate import answer_logits, continuation_logprob, zero_shot
-from prge_lib.tasks import get_task
+from prge_lib.data.splits import sample_task
+from prge_lib.training.evaluate import answer_logits, continuation_logprob, zero_shot
+from prge_lib.data.tasks import get_task
 
 
 def test_answer_logits_match_unpadded_single_forwards(embedded):

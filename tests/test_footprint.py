@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from prge_lib.cli import main
-from prge_lib.footprint import footprint, method_config
+from prge_lib.cli.main import main
+from prge_lib.experiments.bench.footprint import footprint, method_config
 
 
 @pytest.mark.parametrize("method,shape", [

@@ -3,9 +3,9 @@ import pytest
 import torch
 from fixtures import randomize_b
 
-from prge_lib.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, draw_noise, inject_lorafa,
+from prge_lib.zo.lora import (DEFAULT_TARGETS, LoRAFALinear, adapter_state, draw_noise, inject_lorafa,
                            load_adapter, merge_lorafa, perturbed, read_adapter, save_adapter)
-from prge_lib.objective import copy_losses, row_losses, synthetic_batch
+from prge_lib.models.objective import copy_losses, row_losses, synthetic_batch
 
 
 def test_injection_targets_shapes_and_freezing(tiny_factory):
@@ -92,7 +92,7 @@ def test_a_batch_that_does_not_split_into_the_copies_is_an_error(tiny_factory):
 
 
 def test_same_output_as_peft_lora_with_the_same_a_and_b(tiny_factory):
-    from prge_lib.fo import add_peft_lorafa
+    from prge_lib.methods.fo import add_peft_lorafa
 
     ours = tiny_factory()
     layers = inject_lorafa(ours, r=8, alpha=16)

@@ -6,7 +6,7 @@ import sys
 
 SCRIPT = r"""
 import json, torch
-from prge_lib.measure import PeakMemory
+from prge_lib.common.measure import PeakMemory
 MiB = 2**20
 big = torch.ones(30 * MiB // 4); del big           # freeing a mapped block raises glibc's threshold
 meter = PeakMemory(torch.device("cpu")); meter.start()
@@ -27,7 +27,7 @@ def test_peak_counts_live_tensors_not_the_allocators_holes():
 
 HOLE_BEFORE_METERING = r"""
 import json, torch
-from prge_lib.measure import PeakMemory
+from prge_lib.common.measure import PeakMemory
 MiB = 2**20
 big = torch.ones(30 * MiB // 4); del big           # freeing a mapped block raises glibc's threshold
 a = torch.ones(20 * MiB // 4)                      # a heap block unless the threshold was pinned at start
@@ -41,7 +41,7 @@ print(json.dumps({"peak": meter.peak_mib()}))
 
 
 def test_a_worker_pinned_from_its_start_meters_live_tensors_despite_earlier_holes():
-    from prge_lib.measure import LIVE_MEMORY_ENV
+    from prge_lib.common.measure import LIVE_MEMORY_ENV
     env = {**os.environ, **LIVE_MEMORY_ENV}
     out = subprocess.run([sys.executable, "-c", HOLE_BEFORE_METERING], capture_output=True, text=True,
                          check=True, env=env)

@@ -1,4 +1,4 @@
-"""MeBP (prge_lib.mebp; seed 004 Algorithm 1, chapter 9): exact gradients, the NF4 base, the checkpoint
+"""MeBP (prge_lib.methods.mebp; seed 004 Algorithm 1, chapter 9): exact gradients, the NF4 base, the checkpoint
 files, training, resume and the settings checks, on the two-layer tiny Llama."""
 import copy
 import os
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prge_lib.mebp import MeBP, lm_batches
-from prge_lib.objective import IGNORE, collate, row_losses
+from prge_lib.methods.mebp import MeBP, lm_batches
+from prge_lib.models.objective import IGNORE, collate, row_losses
 
 REL_TOL = 1e-5     # ‖g_MeBP − g_autograd‖ ≤ 1e-5 ‖g_autograd‖ per tensor, in fp32
 

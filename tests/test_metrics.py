@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from prge_lib.metrics import accuracy, exact_match, f1_score, normalize_answer, ranking_auc
+from prge_lib.data.metrics import accuracy, exact_match, f1_score, normalize_answer, ranking_auc
 
 
 def test_normalization_drops_case_punctuation_and_articles():

@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from prge_lib import models
-from prge_lib.models import EMBEDDED, ModelUnavailableError, embedded_checkpoint, load_model
+from prge_lib.models import loading as models
+from prge_lib.models.loading import EMBEDDED, ModelUnavailableError, embedded_checkpoint, load_model
 
 
 def _margin(model, tokenizer, text):

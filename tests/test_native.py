@@ -1,4 +1,4 @@
-"""The native host (prge_lib/native/trainer.cpp, prge_lib.native_host; chapter 10): the C++ trainer builds against
+"""The native host (prge_lib/deploy/native/trainer.cpp, prge_lib.deploy.native_host; chapter 10): the C++ trainer builds against
 the executorch wheel's C++ SDK, follows eager P-RGE, continues from a saved adapter, refuses bad inputs in one line,
 and, cross-built for aarch64, trains under qemu."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prge_lib.native_host import (TOOLS, NativeHostError, build_trainer, check_tools, read_adapter, read_step_log,
+from prge_lib.deploy.native_host import (TOOLS, NativeHostError, build_trainer, check_tools, read_adapter, read_step_log,
                                   source_part, trainer_command, write_adapter, write_batches)
 
 TRAIN = ["--task", "sst2", "--lr", "1e-2", "--n-train", "40", "--n-val", "8", "--n-test", "8"]
@@ -34,9 +34,9 @@ def trainer_binary():
 
 
 def _program_steps(pte, n: int, first: int = 0, eps=None) -> list[tuple]:
-    """``n`` steps of random inputs of the program's shapes (prge_lib.program_bench.program_inputs)."""
-    from prge_lib.export import read_program_meta
-    from prge_lib.program_bench import program_inputs
+    """``n`` steps of random inputs of the program's shapes (prge_lib.experiments.bench.program.program_inputs)."""
+    from prge_lib.deploy.export import read_program_meta
+    from prge_lib.experiments.bench.program import program_inputs
 
     settings = read_program_meta(pte)["settings"]
     steps = [tuple(program_inputs(settings, seed=t)) for t in range(first, first + n)]
@@ -55,7 +55,7 @@ def test_native_host_matches_eager_and_continues_from_a_saved_adapter(fixture_da
                                                                         tmp_path, monkeypatch):
     """`prge device-train --host native --check-eager`: 5 steps of the C++ trainer within 1e-4 of eager P-RGE;
     stopped after 3 steps and continued from the saved adapter and step, the trajectory is the same."""
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     pte, out = tiny_xnnpack_program, tmp_path / "native.json"
@@ -78,9 +78,9 @@ def test_native_host_matches_eager_and_continues_from_a_saved_adapter(fixture_da
     assert resumed["losses"] == result["losses"] and resumed["host"]["runs"] == 1
     assert sorted(read_step_log(ckpt / "steps.tsv", 2)) == list(range(5))
 
-    from prge_lib.lora import inject_lorafa, load_adapter, read_adapter as read_safetensors
-    from prge_lib.models import load_model, truncate_layers
-    from prge_lib.program import TrainStep
+    from prge_lib.zo.lora import inject_lorafa, load_adapter, read_adapter as read_safetensors
+    from prge_lib.models.loading import load_model, truncate_layers
+    from prge_lib.deploy.program import TrainStep
 
     model, _ = load_model(str(tiny_folder))
     truncate_layers(model, 1)
@@ -156,7 +156,7 @@ def test_bad_inputs_get_one_line_errors(trainer_binary, tiny_xnnpack_program, ti
 
 def test_missing_tools_name_their_debian_package(monkeypatch):
     """Where the cross compiler or qemu is missing, the error is one line naming the package to install."""
-    import prge_lib.native_host as native_host
+    import prge_lib.deploy.native_host as native_host
 
     monkeypatch.setattr(native_host.shutil, "which", lambda program: None if "qemu" in program else "/bin/true")
     with pytest.raises(NativeHostError, match="install the Debian package qemu-user-static"):
@@ -172,7 +172,7 @@ def test_missing_tools_name_their_debian_package(monkeypatch):
 def test_aarch64_host_under_emulation_matches_eager(fixture_data, tiny_xnnpack_program, tmp_path, monkeypatch):
     """Cross-built for aarch64 (the aarch64 wheel's SDK, XNNPACK's Arm kernels) and run under qemu: 3 steps within
     1e-4 of eager P-RGE."""
-    from prge_lib.cli import main
+    from prge_lib.cli.main import main
 
     monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
     out = tmp_path / "aarch64.json"

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prge_lib.lora import inject_lorafa
-from prge_lib.objective import IGNORE, collate, last_positions, row_losses
+from prge_lib.zo.lora import inject_lorafa
+from prge_lib.models.objective import IGNORE, collate, last_positions, row_losses
 
 
 def _padded_batch(vocab_size: int):

@@ -1,12 +1,13 @@
-"""The task pools shipped in data/tasks (prge_lib.pools): checksummed, small, and sampling from them gives
+"""The task pools shipped in data/tasks (prge_lib.data.pools): checksummed, small, and sampling from them gives
 exactly the examples the full data give for seeds 0–4."""
 import json
 
 import pytest
 
-from prge_lib.data import load_split, sample_task
-from prge_lib.pools import POOL_DIR, POOL_SEEDS, REPO, PoolMissError, PooledSplit, open_text, sha256
-from prge_lib.tasks import TASKS, get_task
+from prge_lib.data.splits import load_split, sample_task
+from prge_lib.common.paths import POOL_DIR, REPO
+from prge_lib.data.pools import POOL_SEEDS, PoolMissError, PooledSplit, open_text, sha256
+from prge_lib.data.tasks import TASKS, get_task
 
 MANIFEST = json.loads((POOL_DIR / "MANIFEST.json").read_text())
 

@@ -3,11 +3,11 @@ import pytest
 import torch
 from fixtures import randomize_b
 
-from prge_lib.lora import inject_lorafa, lorafa_layers
-from prge_lib.objective import row_losses, synthetic_batch
-from prge_lib.mezo import MeZOFull, explicit_noise, mezo_step
-from prge_lib import prge as prge_module
-from prge_lib.prge import PRGE, forward_groups, keeps_noise, prge_step, step_seeds
+from prge_lib.zo.lora import inject_lorafa, lorafa_layers
+from prge_lib.models.objective import row_losses, synthetic_batch
+from prge_lib.zo.mezo import MeZOFull, explicit_noise, mezo_step
+from prge_lib.zo import prge as prge_module
+from prge_lib.zo.prge import PRGE, forward_groups, keeps_noise, prge_step, step_seeds
 
 
 def _model_with_b(tiny_factory, seed=0, n_layers=2, **kw):
@@ -155,7 +155,7 @@ def test_a_non_finite_loss_leaves_the_adapter_untouched(tiny_factory):
 
 
 def test_prge_method_trains_only_the_adapter_on_a_quantized_base(tiny_folder):
-    from prge_lib.models import load_model
+    from prge_lib.models.loading import load_model
 
     for quant in ("int8", "nf4"):
         model, _ = load_model(str(tiny_folder), quant=quant)

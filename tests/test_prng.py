@@ -1,4 +1,4 @@
-"""The counter-based Gaussian generator (prge_lib.prng): exact integer arithmetic, statistics, independence
+"""The counter-based Gaussian generator (prge_lib.zo.prng): exact integer arithmetic, statistics, independence
 across seeds and tensors, and export as a graph of core-ATen ops without random operators."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from prge_lib.prng import MASK32, _mul32, counter_normal, mix32, tensor_key
+from prge_lib.zo.prng import MASK32, _mul32, counter_normal, mix32, tensor_key
 
 
 def test_mul32_matches_python_integers():

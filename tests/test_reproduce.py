@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prge_lib import reproduce as rp
-from prge_lib.cli import main
+from prge_lib.experiments import reproduce as rp
+from prge_lib.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"steps": 4, "n_train": 16, "n_val": 8, "n_test": 8, "eval_every": 2, "checkpoint_every": 1}
@@ -108,7 +108,7 @@ def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_e
     whole = tmp_path / "whole"
     rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
 
-    from prge_lib.prge import PRGE
+    from prge_lib.zo.prge import PRGE
     real_step = PRGE.step
 
     def killed_at_step_3(self, batch, t):
@@ -156,7 +156,7 @@ def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_e
 
 
 def test_a_diverging_cell_is_recorded_and_the_grid_goes_on(tiny_env, tiny_folder, tmp_path, monkeypatch):
-    from prge_lib.prge import PRGE
+    from prge_lib.zo.prge import PRGE
     real_step = PRGE.step
 
     def nan_at_step_3(self, batch, t):
@@ -193,7 +193,7 @@ def test_only_a_whole_cell_name_selects_that_cell_and_other_profiles_keep_their_
 
 def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder, tmp_path):
     import torch
-    from prge_lib.train import TrainingStopped
+    from prge_lib.training.trainer import TrainingStopped
 
     cells = _tiny_cells(tiny_folder, seeds=(0,))
     whole = tmp_path / "whole"

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from prge_lib.mezo import add_noise_, explicit_noise, mezo_step
-from prge_lib.rge import check_zo_dtype, gaussian, mix_seed, rge, rge_error_theory
+from prge_lib.zo.mezo import add_noise_, explicit_noise, mezo_step
+from prge_lib.zo.rge import check_zo_dtype, gaussian, mix_seed, rge, rge_error_theory
 
 
 def test_noise_is_a_function_of_seed_and_index():

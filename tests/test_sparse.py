@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from prge_lib import sensitivity
-from prge_lib.objective import collate, row_losses, synthetic_batch
-from prge_lib.sensitivity import (MASK_KINDS, build_mask, c4_mask, c4_texts, coverage, fisher_diagonal,
+from prge_lib.methods.senszoq import sensitivity
+from prge_lib.models.objective import collate, row_losses, synthetic_batch
+from prge_lib.methods.senszoq.sensitivity import (MASK_KINDS, build_mask, c4_mask, c4_texts, coverage, fisher_diagonal,
                                   linear_weights, load_mask, mask_size, save_mask, task_fisher)
-from prge_lib.sparse import (SensZOQ, SparseDenseLinear, build_senszoq, compare_forms, set_mode, sparsify)
+from prge_lib.methods.senszoq.sparse import (SensZOQ, SparseDenseLinear, build_senszoq, compare_forms, set_mode, sparsify)
 
 SPARSITY = 0.01
 
@@ -180,7 +180,7 @@ def test_nf4_split_keeps_the_sparse_values_exact_and_bounds_the_error(tiny_facto
     output passes through four quantized matrices in series (v→o, up→down, twice), whose errors add
     roughly in quadrature on top of the unquantized embedding, so the logits move by ~11% (measured).
     Bound: 0.2, and never more than 5% above quantizing the whole weights (the masked entries are exact)."""
-    from prge_lib.quant import NF4Weight
+    from prge_lib.models.quant import NF4Weight
 
     model, whole = tiny_factory(), tiny_factory()
     originals = {n: m.weight.detach().clone() for n, m in linear_weights(model).items()}

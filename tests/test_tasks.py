@@ -2,7 +2,7 @@
 import pytest
 
 from fixtures import _row
-from prge_lib.tasks import TASKS, Task, check_single_token, get_task
+from prge_lib.data.tasks import TASKS, Task, check_single_token, get_task
 
 GOLDEN = {
     "sst2": "film number 3 is fine . It was",

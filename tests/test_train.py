@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from prge_lib.train import TrainConfig, TrainingDiverged
+from prge_lib.training.trainer import TrainConfig, TrainingDiverged
 
 from fixtures import small_trainer as _trainer
 

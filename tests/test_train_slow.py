@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from prge_lib.train import TrainConfig, Trainer
+from prge_lib.training.trainer import TrainConfig, Trainer
 
 SEED0 = Path(__file__).resolve().parents[1] / "data/results/table1/sst2/prge-q4-E16_lr1e-3_seed0.json"
 

@@ -1,0 +1,2 @@
+"""The ``prge`` command (``main``).
+"""

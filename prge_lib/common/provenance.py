@@ -1,0 +1,151 @@
+"""What every result file records: command, commit, library versions, hardware, wall time.
+
+A result without its provenance cannot be checked, so ``write_result`` refuses to write one without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+from prge_lib.common.paths import REPO, RESULTS_PATH
+
+_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "datasets", "executorch", "prge-lib")
+
+
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None.
+
+    Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
+    writes two in a row) does not make the next one's code dirty. A copy of a clean checkout without its git
+    folder (sent to a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``."""
+    root = root or REPO
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){RESULTS_PATH}"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("PRGE_SOURCE_COMMIT") or None
+    return sha + ("+dirty" if dirty else "")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware() -> dict:
+    import torch
+
+    info = {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cuda": None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        info["cpu"] = platform.processor() or None
+    if torch.cuda.is_available():
+        info["cuda"] = torch.cuda.get_device_name(0)
+    return info
+
+
+_COMMIT_AT_START: list[str | None] = []     # filled once, by start_commit()
+
+
+def start_commit() -> str | None:
+    """The commit of the code that runs: read once, the first time it is asked for (the trainer and the CLI
+    ask as they start), so a long run reports the code it started with even if the checkout changes while
+    it runs. Importing this module runs nothing."""
+    if not _COMMIT_AT_START:
+        _COMMIT_AT_START.append(git_commit())
+    return _COMMIT_AT_START[0]
+
+
+_COMMAND: str | None = None      # the command the user typed, when the CLI ran in-process (record_command)
+
+
+def record_command(command: str | None) -> None:
+    """Remember the command being run (``prge.cli.main`` calls this), so results record ``prge train …``
+    also when ``main()`` runs inside a notebook or a test, where ``sys.argv`` is the host's."""
+    global _COMMAND
+    _COMMAND = command
+
+
+def provenance(wall_time_s: float | None = None, command: str | None = None) -> dict:
+    """The provenance block of a result: command line, commit, versions, hardware, time stamp, load.
+
+    ``command`` defaults to the one :func:`record_command` kept, else to this process's arguments.
+    The commit is the one :func:`start_commit` read as the run started."""
+    return {
+        "command": command or _COMMAND or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "commit": start_commit(),
+        "versions": library_versions(),
+        "hardware": hardware(),
+        "fast_mode": os.environ.get("PRGE_FAST", ""),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_time_s": None if wall_time_s is None else round(wall_time_s, 3),
+        "load_average": load_average(),
+    }
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1-, 5- and 15-minute load averages as the result is written: well above the run's own
+    ``torch_threads``, the CPU was shared and the wall time (not the result) says so."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def check_writable(path: str | os.PathLike, folder: bool = False, option: str = "the output") -> None:
+    """Refuse, before any work starts, an output location that cannot be written (a run must not compute for
+    minutes and then lose its result). ``folder``: the path is a folder to create or reuse."""
+    p = Path(path).expanduser()
+    if folder and p.exists() and not p.is_dir():
+        raise ValueError(f"{option} {path} is a file, not a folder; choose a folder path")
+    if not folder and p.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name inside it, e.g. {p / 'result.json'}")
+    probe = p if folder else p.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{option} {path} cannot be written: {probe} is a file, not a folder; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path} cannot be written: no write permission in {probe}")
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yield a temporary path beside ``path``; once the block finishes, it replaces ``path`` in one step,
+    so a crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    yield tmp
+    os.replace(tmp, path)
+
+
+def write_result(path: str | os.PathLike, result: dict) -> Path:
+    """Write ``result`` as JSON atomically (a crash never leaves half a file). It must carry provenance."""
+    if "provenance" not in result or "seed" not in result:
+        raise ValueError("a result must carry 'provenance' and 'seed' (see prge_lib.common.provenance.provenance)")
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return Path(path)

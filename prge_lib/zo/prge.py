@@ -1,0 +1,125 @@
+"""The P-RGE step (Gao et al. Alg. 1) with its two switches, and the zeroth-order training methods.
+
+One step with q query seeds s_1 … s_q on a batch of b rows:
+
+    copies    (s_i, +ε) and (s_i, −ε) for i = 1 … q          2q perturbed versions of every LoRA-B
+    outer on  the q queries share one forward (batch repeated q times, q copies of B; chapter 5)
+    inner on  a query's +ε and −ε share one forward (batch repeated twice; chapter 6)
+    g_i       = (ℓ(s_i, +ε) − ℓ(s_i, −ε)) / 2ε                                       Alg. 1 line 11
+    update    B ← B − (η/q) Σ_i g_i z_i, z_i redrawn from s_i per layer              Alg. 1 line 14
+              (or kept from the forward when it fits the memory budget; chapter 5)
+
+Both switches off is sequential multi-query RGE (2q forwards of b rows); q = 1 is MeZO on LoRA-FA. The four
+settings compute the same numbers up to float rounding (tests/test_prge.py); they differ in speed only.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Sequence
+
+import torch
+
+from prge_lib.zo.lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
+from prge_lib.models.objective import Batch, copy_losses
+from prge_lib.zo.rge import check_zo_dtype, mix_seed
+
+
+# The trainer keeps each step's noise for the update (instead of redrawing it from the seeds) when the q·d
+# floats fit in this many MiB: redrawing costs as much time as the first draw, which grows with q (chapter 5
+# measures it), while keeping holds q·d floats during the step: 152 MiB at q = 16 for SmolLM2-135M
+# (d = 2.49 M), 38 MiB at q = 4. TinyLlama-1.1B at q = 16 (385 MiB) redraws, as the paper's design does.
+KEEP_NOISE_BUDGET_MIB = 256
+
+
+def keeps_noise(layers: Sequence[LoRAFALinear], q: int, keep_noise: bool | None = None) -> bool:
+    """``keep_noise``, or for None (the default) whether q·d floats of noise fit ``KEEP_NOISE_BUDGET_MIB``."""
+    if keep_noise is not None:
+        return bool(keep_noise)
+    return q * sum(layer.lora_B.nbytes for layer in layers) <= KEEP_NOISE_BUDGET_MIB * 2 ** 20
+
+
+def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
+    """The q noise seeds of a training step: a pure function of (run seed, step), so a resumed run
+    draws exactly the noise the uninterrupted run would have drawn."""
+    return [mix_seed(run_seed, step, i) for i in range(q)]
+
+
+def forward_groups(q: int, outer: bool, inner: bool) -> list[list[tuple[int, int]]]:
+    """Which (query, sign) copies share a forward, for each forward of the step, in order."""
+    plus, minus = [(i, +1) for i in range(q)], [(i, -1) for i in range(q)]
+    if outer and inner:
+        return [plus + minus]
+    if outer:
+        return [plus, minus]
+    if inner:
+        return [[p, m] for p, m in zip(plus, minus)]
+    return [[c] for pair in zip(plus, minus) for c in pair]
+
+
+@torch.no_grad()
+def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int], eps: float,
+              lr: float, outer: bool = True, inner: bool = True, update: bool = True,
+              keep_noise: bool = False) -> dict:
+    """One P-RGE step on ``batch`` (Gao et al. Alg. 1). Returns per-query losses ℓ⁺, ℓ⁻ and g (q,) tensors.
+
+    With ``update=False`` (or a non-finite loss) the adapter is left untouched. ``keep_noise`` draws every z
+    of the step once, up front and in parallel threads (:func:`prge_lib.zo.lora.draw_noise`), and keeps it for
+    the forward and the update instead of drawing it again: half the random draws, for q·d floats of memory
+    during the step (the paper's master-copy design keeps nothing; chapter 5 weighs the two).
+    """
+    check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
+    with keeping_noise(layers, draw_noise(layers, seeds)) if keep_noise else contextlib.nullcontext():
+        return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
+
+
+def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
+    q = len(seeds)
+    losses = torch.empty(2, q)
+    for group in forward_groups(q, outer, inner):
+        copies = [(seeds[i], sign * eps) for i, sign in group]
+        with perturbed(layers, copies):
+            values = copy_losses(model, batch.repeat(len(group)), len(group)).cpu()
+        for (i, sign), value in zip(group, values):
+            losses[0 if sign > 0 else 1, i] = value
+    g = (losses[0] - losses[1]) / (2 * eps)
+    finite = bool(torch.isfinite(losses).all())
+    if update and finite:
+        for layer in layers:
+            for seed, gi in zip(seeds, g.tolist()):
+                layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
+    return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+class ZerothOrder:
+    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record, and
+    ``trainable()`` → the tensors a checkpoint saves (the trainer copies them out and back)."""
+
+    def __init__(self, model, q: int, eps: float, lr: float, seed: int):
+        if q < 1:
+            raise ValueError(f"q must be at least 1, got {q}")
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive number, got {eps}")
+        self.model, self.q, self.eps, self.lr, self.seed = model, q, eps, lr, seed
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+class PRGE(ZerothOrder):
+    """P-RGE on LoRA-FA layers already injected into ``model`` (q = 1: MeZO on LoRA-FA)."""
+
+    def __init__(self, model, layers: Sequence[LoRAFALinear], q: int, eps: float, lr: float, seed: int = 0,
+                 outer: bool = True, inner: bool = True, keep_noise: bool | None = None):
+        super().__init__(model, q, eps, lr, seed)
+        self.layers, self.outer, self.inner = list(layers), outer, inner
+        self.keep_noise = keeps_noise(self.layers, q, keep_noise)   # same numbers either way, only speed
+
+    def trainable(self):
+        return {f"{layer.index}.lora_B": layer.lora_B for layer in self.layers}
+
+    def step(self, batch: Batch, t: int) -> dict:
+        out = prge_step(self.model, self.layers, batch, step_seeds(self.seed, t, self.q), self.eps, self.lr,
+                        self.outer, self.inner, keep_noise=self.keep_noise)
+        return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
+                "projected_grad": out["projected_grad"].tolist()}
