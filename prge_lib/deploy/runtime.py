@@ -116,6 +116,14 @@ def build_program_method(config: TrainConfig, model, load: bool = True) -> Progr
                        config.max_length, load=load)
 
 
+def parity(losses, eager_losses) -> dict:
+    """The paper's sanity check (§4.3): the relative difference of the per-step losses against eager P-RGE with
+    the same seeds and data; within 1e-4 at every step passes."""
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses, strict=True)]
+    return {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
+            "within_1e-4": max(rel) <= 1e-4}
+
+
 class PythonHost(Trainer):
     """The Python host: the trainer with :class:`ProgramPRGE` as its method. Its record is this process's resident
     memory (Python, torch, the eager model kept for evaluation, the program) once both are loaded, and its peak
