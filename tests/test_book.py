@@ -55,7 +55,7 @@ def test_every_chapter_mentioned_is_in_the_table_of_contents():
     "(coming)" right after the number."""
     toc = (ROOT / "book" / "_toc.yml").read_text()
     listed = {int(m) for m in re.findall(r"file: (\d\d)_", toc)}
-    texts = [ROOT / "README.md", *sorted((ROOT / "prge_lib").glob("*.py")), *sorted((ROOT / "book").glob("*.md"))]
+    texts = [ROOT / "README.md", *sorted((ROOT / "prge_lib").rglob("*.py")), *sorted((ROOT / "book").glob("*.md"))]
     missing = {}
     for path in texts:
         text = path.read_text()

@@ -67,3 +67,41 @@ def test_importing_the_library_runs_nothing():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"imported {len(modules)}" in out.stdout
+
+
+def test_pyproject_lists_every_subpackage():
+    """pyproject.toml lists the packages by name (prge_lib.shipped maps data/ into the wheel): a new folder of
+    the library must be listed there, or a wheel would leave it out."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {str(p.parent.relative_to(root)).replace("/", ".") for p in (root / "prge_lib").rglob("__init__.py")}
+    assert listed - {"prge_lib.shipped"} == folders
+
+
+def test_a_wheel_installed_without_the_clone_finds_the_shipped_pools(tmp_path):
+    """A non-editable install, run from another folder, reads the task pools from inside the package."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(root)], capture_output=True, text=True, timeout=600)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                              *map(str, (tmp_path / "dist").glob("*.whl"))], capture_output=True, text=True,
+                             timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    script = ("import prge_lib, prge_lib.common.paths as p; from prge_lib.data.tasks import get_task; "
+              "from prge_lib.data.splits import sample_task; d = sample_task(get_task('rte'), seed=0); "
+              "print(prge_lib.__file__, p.REPO, len(d.train), len(d.test))")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("PRGE_DATA_DIR", "PRGE_REPO")}
+    env["PYTHONPATH"] = str(target)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, repo, n_train, n_test = out.stdout.split()
+    assert where.startswith(str(target)) and repo == "None"
+    assert int(n_train) > 0 and int(n_test) > 0

@@ -1,7 +1,9 @@
-"""Where the repository's own files are: the shipped data, the committed results, the C++ trainer's source.
+"""Where the book's own files are: the shipped data, the committed results, the C++ trainer's source.
 
 Declared once here; every module and chapter asks this module instead of counting ``parent`` steps from its own
-``__file__``. ``PRGE_REPO`` names the repository explicitly (a non-editable install run from another folder).
+``__file__``. In a clone (or an editable install) the repository is the folder above ``prge_lib``. A wheel
+installed on its own carries the task pools and text samples inside the package (``prge_lib/shipped``) and
+writes results under ``data/results`` of the folder it runs in. ``PRGE_REPO`` names a repository explicitly.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]           # prge_lib/
 
 
-def _repository() -> Path:
+def _repository() -> Path | None:
+    """The repository this code belongs to, or None for a package installed without one."""
     value = os.environ.get("PRGE_REPO", "").strip()
     if value:
         path = Path(value).expanduser().resolve()
@@ -19,12 +22,13 @@ def _repository() -> Path:
             raise FileNotFoundError(f"PRGE_REPO={value!r} has no data/ folder (resolved to {path}); set it to "
                                     f"the book's repository or unset it")
         return path
-    return PACKAGE.parent
+    return PACKAGE.parent if (PACKAGE.parent / "data" / "tasks").is_dir() else None
 
 
-REPO = _repository()                   # the repository root (a clone, or an editable install's source)
+REPO = _repository()                   # the repository root (a clone), or None (an installed wheel)
+_SHIPPED = (REPO / "data") if REPO else (PACKAGE / "shipped")
 RESULTS_PATH = "data/results"          # where result files live, relative to the repository
-RESULTS = REPO / RESULTS_PATH
-POOL_DIR = REPO / "data" / "tasks"     # the task pools shipped with the book (prge_lib.data.pools)
-TEXT_DIR = REPO / "data" / "text"      # C4 and WikiText-2 samples
+RESULTS = (REPO or Path.cwd()) / RESULTS_PATH
+POOL_DIR = _SHIPPED / "tasks"          # the task pools shipped with the book (prge_lib.data.pools)
+TEXT_DIR = _SHIPPED / "text"           # C4 and WikiText-2 samples
 NATIVE_SOURCE = PACKAGE / "deploy" / "native"   # the C++ trainer of chapter 10

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from prge_lib.common.paths import REPO, RESULTS_PATH
+from prge_lib.common.paths import PACKAGE, REPO, RESULTS_PATH
 
 _LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "datasets", "executorch", "prge-lib")
 
@@ -27,7 +27,7 @@ def git_commit(root: Path | None = None) -> str | None:
     Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
     writes two in a row) does not make the next one's code dirty. A copy of a clean checkout without its git
     folder (sent to a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``."""
-    root = root or REPO
+    root = root or REPO or PACKAGE
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, check=True).stdout.strip()

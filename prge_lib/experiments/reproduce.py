@@ -39,7 +39,7 @@ from prge_lib.common.settings import cache_dir
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.models.loading import QUANT_MODES, load_model
-from prge_lib.common.paths import REPO, RESULTS, RESULTS_PATH
+from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file, provenance, write_result
 from prge_lib.data.tasks import get_task
 from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, TrainingStopped
