@@ -50,6 +50,7 @@ def _zeroshot(args) -> int:
 
 def _train(args) -> int:
     from prge_lib.zo.lora import save_adapter
+    from prge_lib.methods import registry
     from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
@@ -85,9 +86,11 @@ def _train(args) -> int:
         print(f"prge: error: {message}; partial result -> {args.out}", file=sys.stderr)
         return 3
     if args.save_adapter:
-        if config.method not in ("prge", "mezo-lorafa"):
+        # the methods over prge_lib.zo.lora's LoRA-FA layers: those whose noise source can be chosen
+        lorafa = registry.users("noise")
+        if config.method not in lorafa:
             label = config.method if config.adapter == "none" else f"{config.method} --adapter {config.adapter}"
-            print(f"prge: --save-adapter applies to prge and mezo-lorafa only; not saved for {label}",
+            print(f"prge: --save-adapter applies to {' and '.join(lorafa)} only; not saved for {label}",
                   file=sys.stderr)
         else:
             save_adapter(trainer.model, args.save_adapter, {"task": config.task, "method": config.method})
@@ -272,7 +275,8 @@ def _add_config_options(p, names=None) -> None:
     for f in dataclasses.fields(TrainConfig):
         if "help" not in f.metadata or (names is not None and f.name not in names):
             continue
-        settings = {k: v for k, v in f.metadata.items() if k in ("help", "choices", "required")}
+        settings = {k: v() if callable(v) else v     # a function: what is registered now (method names)
+                    for k, v in f.metadata.items() if k in ("help", "choices", "required")}
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
         if f.name == "task":
@@ -288,6 +292,19 @@ def _add_config_options(p, names=None) -> None:
         p.add_argument(flag, **settings)
 
 
+def _method_defaults() -> str:
+    """``prge train``'s description: each registered method's defaults, and those over a peft adapter."""
+    from prge_lib.methods import registry
+
+    def listed(values) -> str:
+        return ", ".join(f"{k}={v}" for k, v in values.items())
+
+    specs = [registry.get(m) for m in registry.names()]
+    return ("Defaults per method (each with its source in prge_lib.methods.registry): "
+            + "; ".join(f"{s.name}: {listed(s.defaults)}" for s in specs)
+            + "".join(f"; {s.name} with an adapter: {listed(s.adapter_defaults)}" for s in specs if s.adapter_defaults))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -300,11 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     zs.add_argument("--out", required=True, help="where to write the JSON result")
     zs.set_defaults(run=_zeroshot)
 
-    from prge_lib.training.trainer import ADAPTER_DEFAULTS, DEFAULTS
     tr = sub.add_parser("train", help="fine-tune a task with one method and write a JSON result",
-                        description="Defaults per method (Gao et al. App. C): " + "; ".join(
-                            f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items()) for m, d in DEFAULTS.items())
-                        + "; mezo with an adapter: " + ", ".join(f"{k}={v}" for k, v in ADAPTER_DEFAULTS.items()))
+                        description=_method_defaults())
     _add_config_options(tr)
     tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
     tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
@@ -408,10 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(run=_bench)
 
     from prge_lib.experiments.bench.footprint import COMPARED
+    from prge_lib.methods import registry
     fp = sub.add_parser("footprint", help="memory held, step peak and step time of the training methods, each "
                                           "built as the trainer builds it (chapter 9)")
-    fp.add_argument("--method", default=",".join(COMPARED), help=f"comma-separated, from: {', '.join(COMPARED)}; "
-                                                                 f"method:quant for another base, e.g. fo-lorafa:nf4")
+    fp.add_argument("--method", default=",".join(COMPARED),
+                    help=f"comma-separated, from: {', '.join(registry.names())} (default: {','.join(COMPARED)}); "
+                         f"method:quant for another base, e.g. fo-lorafa:nf4")
     fp.add_argument("--seq-len", type=int, default=64, help="tokens per synthetic row")
     fp.add_argument("--rows", type=int, default=16, help="rows per step (E for ZO methods, the batch for FO)")
     fp.add_argument("--steps", type=int, default=3, help="timed steps per method")

@@ -42,6 +42,7 @@ from prge_lib.models.loading import QUANT_MODES, load_model
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file, provenance, write_result
 from prge_lib.data.tasks import get_task
+from prge_lib.methods import registry
 from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, TrainingStopped
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"       # what a result names when no --model was given
@@ -224,7 +225,7 @@ GRIDS = {
 
 
 def _family(method: str) -> str:
-    return "fo" if method in ("fo", "fo-lorafa", "mebp") else "zo"
+    return registry.get(method).family
 
 
 def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None,
@@ -337,7 +338,7 @@ def _longest_prompt(task: str, examples: int) -> float:
 def prompt_length_factor(task: str, config: dict) -> float:
     """How much longer a step of ``config`` on ``task`` pads its rows than the same method's SST-2 step at the
     batch SECONDS_PER_STEP was measured at (1.0 where the task's data cannot be read)."""
-    reference = {"fo": 8, "fo-lorafa": 8, "mebp": 8, "prge": 4}.get(config["method"], 16)
+    reference = _batch_examples(registry.get(config["method"]).defaults)     # SECONDS_PER_STEP's batch
     try:
         return _longest_prompt(task, _batch_examples(config)) / _longest_prompt("sst2", reference)
     except DataUnavailableError:

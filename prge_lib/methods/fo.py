@@ -23,7 +23,8 @@ OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
 
 class FirstOrder:
-    """Backprop training of the parameters that require grad, with Adam or SGD."""
+    """Backprop training of the parameters that require grad, with Adam or SGD (a
+    :class:`prge_lib.methods.base.Method`: nothing to record in ``settings``, no phases in ``times``)."""
 
     def __init__(self, model, lr: float, optimizer: str = "adam", lorafa: bool = False,
                  targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32):
@@ -43,6 +44,8 @@ class FirstOrder:
         self.model, self.lorafa = model, lorafa
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.optimizer = OPTIMIZERS[optimizer](list(self.params.values()), lr=lr)
+        self.settings: dict = {}
+        self.times: dict[str, float] = {}
         self.device = next(model.parameters()).device
 
     def _autocast(self):

@@ -20,45 +20,24 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from prge_lib.methods.adapters import ADAPTERS, DEFAULT_R, add_adapter, check_adapter
+from prge_lib.methods.adapters import ADAPTERS, DEFAULT_R, check_adapter
 from prge_lib.data.splits import PROTOCOL, TaskData, sample_task
 from prge_lib.training.evaluate import zero_shot
-from prge_lib.methods.fo import OPTIMIZERS, FirstOrder
-from prge_lib.zo.lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source, inject_lorafa
-from prge_lib.methods.mebp import MeBP
-from prge_lib.zo.mezo import MeZOFull
-from prge_lib.models.loading import QUANT_MODES, load_model, truncate_layers
+from prge_lib.methods import registry
+from prge_lib.methods.base import check_method
+from prge_lib.methods.fo import OPTIMIZERS
+from prge_lib.zo.lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source
+from prge_lib.models.loading import QUANT_MODES, load_model
 from prge_lib.models.objective import collate, encode_example
-from prge_lib.zo.prge import KEEP_NOISE_BUDGET_MIB, PRGE
+from prge_lib.zo.prge import KEEP_NOISE_BUDGET_MIB
 from prge_lib.common.provenance import atomic_file, start_commit
 from prge_lib.zo.rge import check_zo_settings, mix_seed
-from prge_lib.methods.senszoq.sensitivity import MASK_KINDS, SCOPES, check_mask_settings
-from prge_lib.methods.senszoq.sparse import build_senszoq
+from prge_lib.methods.senszoq.sensitivity import MASK_KINDS, SCOPES
 from prge_lib.data.tasks import get_task
 
-METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge", "senszoq", "mebp")
-ZO_METHODS = ("mezo", "mezo-lorafa", "prge", "senszoq")
-# methods that hold their base weights in 4 bits themselves (chapters 8 and 9): the model loads unquantized,
-# the method quantizes what it does not train; --quant chooses nf4 (default) or none (an fp32 base)
-SELF_QUANTIZING = ("senszoq", "mebp")
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
-# Gao et al. App. C (Table 10): batch sizes, and one value from each learning-rate grid
-DEFAULTS = {
-    "fo": {"lr": 1e-5, "batch_size": 8},
-    "fo-lorafa": {"lr": 3e-4, "batch_size": 8},
-    "mezo": {"lr": 1e-6, "eps": 1e-3, "q": 1, "E": 16, "inner": False},
-    "mezo-lorafa": {"lr": 1e-3, "eps": 1e-2, "q": 1, "E": 16, "inner": False},
-    "prge": {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
-    # Guo et al. (SensZOQ) App. D: ZO-SGD, ε 1e-3, batch 16. lr probed for the embedded model, 100 SST-2 steps
-    # with the C4 mask at 0.1%: mean loss of steps 80-100 7.9 (1e-5), 4.5 (1e-4), 5.5 after spikes to 11 (1e-3)
-    "senszoq": {"lr": 1e-4, "eps": 1e-3, "q": 1, "E": 16, "inner": False,
-                "sparsity": 1e-3, "mask": "c4", "mask_scope": "layer"},
-    # MeBP trains LoRA (A and B) with Adam: the FO LoRA-FA step size and batch
-    "mebp": {"lr": 3e-4, "batch_size": 8},
-}
-# MeZO over a peft adapter (--adapter, chapter 4): the LoRA-FA step size and ε of mezo-lorafa, not the
-# full-weight ones (Gao et al. App. B searched lr in {5e-6, 5e-5, 5e-4, 5e-3} and ε in {1e-3, 1e-2})
-ADAPTER_DEFAULTS = {"lr": 1e-3, "eps": 1e-2}
+# the methods, their families, defaults and builders: prge_lib.methods.registry
+
 # settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
 _IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
              "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
@@ -87,15 +66,22 @@ class TrainingStopped(RuntimeError):
         super().__init__(f"stopped by the time limit after step {step} of {steps}; {where}")
 
 
-def _option(default, help: str, **argparse_settings):
-    """A TrainConfig field that is also a ``prge train`` option (the CLI builds its options from these)."""
+def _option(default, help, **argparse_settings):
+    """A TrainConfig field that is also a ``prge train`` option (the CLI builds its options from these). ``help``
+    or ``choices`` may be a function: called when the command line is built, so it lists the methods
+    registered then (prge_lib.methods.registry)."""
     return field(default=default, metadata={"help": help, **argparse_settings})
+
+
+def _quant_help() -> str:
+    own = " and ".join(n for n in registry.names() if registry.get(n).self_quantizing)
+    return f"quantized base weights (default none; nf4 for {own}, which quantize their base themselves)"
 
 
 @dataclass
 class TrainConfig:
     task: str = field(metadata={"help": "the task (prge_lib.data.tasks.TASKS)", "required": True})
-    method: str = _option("prge", "the training method", choices=METHODS)
+    method: str = _option("prge", "the training method", choices=registry.names)
     adapter: str = _option("none", "mezo only: the parameter space, built with peft (none: every weight; lora-fa "
                                    "freezes LoRA's A; chapter 4)", choices=ADAPTERS)
     steps: int = _option(1000, "training steps")
@@ -128,8 +114,7 @@ class TrainConfig:
     checkpoint_every: int = _option(100, "steps between checkpoints")
     model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
     dtype: str = _option("fp32", "precision of the weights", choices=("fp32", "fp16", "bf16"))
-    quant: str | None = _option(None, "quantized base weights (default none; nf4 for senszoq and mebp, which "
-                                      "quantize their base themselves)", choices=QUANT_MODES)
+    quant: str | None = _option(None, _quant_help, choices=QUANT_MODES)
     sparsity: float | None = _option(None, "senszoq: the share of the decoder's projection weights trained "
                                            "(default 1e-3)")
     mask: str | None = _option(None, "senszoq: which weights are trained: c4 (sensitivity on C4 text, the "
@@ -143,63 +128,56 @@ class TrainConfig:
     notes: list[str] = field(default_factory=list)
 
     def resolved(self) -> "TrainConfig":
-        """Fill the method's defaults and check every setting, naming the bad value and what is allowed."""
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {list(METHODS)}")
+        """Fill the method's defaults and check every setting, naming the bad value and what is allowed. The
+        method's spec (prge_lib.methods.registry) gives its defaults and the method-scoped settings it uses:
+        the others are dropped (None) or, set away from their default, refused; then its own checks run."""
+        spec = registry.get(self.method)
         check_adapter(self.adapter)
-        if self.adapter != "none" and self.method != "mezo":
-            raise ValueError(f"--adapter {self.adapter} applies to --method mezo only; {self.method} trains "
-                             f"{'LoRA-FA layers of its own' if self.method in ZO_METHODS else 'its own space'} "
+        if self.adapter != "none" and "adapter" not in spec.uses:
+            raise ValueError(f"--adapter {self.adapter} applies to --method {' or '.join(registry.users('adapter'))} "
+                             f"only; {self.method} trains "
+                             f"{'LoRA-FA layers of its own' if spec.family == 'zo' else 'its own space'} "
                              f"(use --adapter none)")
         values = dataclasses.asdict(self)
-        defaults = dict(DEFAULTS[self.method])
+        defaults = dict(spec.defaults)
         if self.adapter != "none":
-            defaults.update(ADAPTER_DEFAULTS)
+            defaults.update(spec.adapter_defaults)
         defaults["r"] = DEFAULT_R[self.adapter]
         for key, default in defaults.items():
             if values[key] is None:
                 values[key] = default
         if values["quant"] is None:
-            values["quant"] = "nf4" if self.method in SELF_QUANTIZING else "none"
+            values["quant"] = "nf4" if spec.self_quantizing else "none"
         c = TrainConfig(**values)
         c.targets = tuple(c.targets)
         if c.steps < 1:
             raise ValueError(f"steps must be at least 1, got {c.steps}")
         if not (c.lr > 0 and math.isfinite(c.lr)):
             raise ValueError(f"lr must be a positive number, got {c.lr}")
-        if c.method in ZO_METHODS:
-            if c.method == "mezo-lorafa" and c.q != 1:
-                raise ValueError(f"mezo-lorafa is P-RGE with q = 1; got q = {c.q} (use --method prge)")
+        if spec.family == "zo":
             c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
         else:
-            if c.method == "mebp" and c.optimizer != "adam":
-                raise ValueError(f"mebp trains with Adam (seed 004); got optimizer {c.optimizer!r}")
             if c.batch_size < 1:
                 raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
             if c.optimizer not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
-            c.q = c.E = c.eps = None
-            c.inner = None
-        if c.method == "senszoq":
-            check_mask_settings(c.mask, c.sparsity, c.mask_scope)
-        else:
-            c.sparsity = c.mask = c.mask_scope = None
-        if c.method in SELF_QUANTIZING and c.quant not in ("nf4", "none"):
+        for name in registry.NULLED:
+            if name not in spec.uses:
+                setattr(c, name, None)
+        if spec.self_quantizing and c.quant not in ("nf4", "none"):
             raise ValueError(f"{c.method} dequantizes an NF4 base itself; quant {c.quant!r} is not supported "
                              f"(choose nf4 or none)")
-        if c.mmap_dir is not None and c.method != "mebp":
-            raise ValueError(f"mmap_dir applies to method mebp only, not {c.method}")
         if c.eval_every < 0 or c.checkpoint_every < 0:
             raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
         check_noise_source(c.noise)
-        if c.noise != "torch" and c.method not in ("prge", "mezo-lorafa"):
-            raise ValueError(f"noise {c.noise!r} applies to prge and mezo-lorafa only, not {c.method}")
-        if c.program is not None:
-            if c.method != "prge" or not (c.outer and c.inner) or c.noise != "counter":
-                raise ValueError("a program runs P-RGE with the outer and inner loops and counter noise: "
-                                 "use method prge, outer and inner on, noise 'counter'")
-            if c.max_length is None:
-                raise ValueError("a program has a fixed sequence length: set max_length to it")
+        unset = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        for name in registry.REFUSED:
+            if name not in spec.uses and getattr(c, name) != unset[name]:
+                users = registry.users(name)
+                raise ValueError(f"{name} applies to method{'s' if len(users) > 1 else ''} {' and '.join(users)} "
+                                 f"only, not {c.method} (got {getattr(c, name)!r})")
+        if spec.check is not None:
+            spec.check(c)
         return c
 
     def identity(self) -> dict:
@@ -208,38 +186,11 @@ class TrainConfig:
 
 
 def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
-    """The method object for ``config`` (injecting LoRA-FA layers or peft adapters as needed; MeZO with an
-    ``adapter`` runs over that peft space's trainable parameters, prge_lib.methods.adapters). SensZOQ needs the
-    ``tokenizer`` for its C4 mask and, for a "task" mask, ``task_batches()``: the task's training batches."""
-
-    c = config
-    if c.method == "senszoq":
-        if c.layers is not None:
-            truncate_layers(model, c.layers)
-        batches = task_batches() if c.mask == "task" else None
-        return build_senszoq(model, tokenizer, mask=c.mask, sparsity=c.sparsity, scope=c.mask_scope,
-                             quant=c.quant, q=c.q, eps=c.eps, lr=c.lr, seed=c.seed, task_batches=batches,
-                             outer=c.outer and c.q > 1, inner=bool(c.inner))
-    if c.method == "mebp":
-        if c.layers is not None:
-            truncate_layers(model, c.layers)
-        return MeBP(model, c.lr, c.r, c.alpha, c.targets, c.quant, c.mmap_dir, c.seed)
-    if c.method in ("fo", "fo-lorafa"):
-        if c.method == "fo-lorafa":
-            torch.manual_seed(c.seed)     # peft draws A from torch's global generator
-        return FirstOrder(model, c.lr, c.optimizer, c.method == "fo-lorafa", c.targets, c.r, c.alpha)
-    if c.method == "mezo":
-        if c.adapter == "none":
-            return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
-        model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
-        return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
-    if c.program is not None:
-        raise ValueError("a config with a program trains through the runtime host: Trainer(config, "
-                         "method_builder=prge_lib.deploy.runtime.build_program_method), or prge device-train")
-    if c.layers is not None:
-        truncate_layers(model, c.layers)
-    layers = inject_lorafa(model, c.targets, c.r, c.alpha, seed=c.seed, noise=c.noise)
-    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
+    """The method object for ``config``, built by its spec's builder (prge_lib.methods.registry): LoRA-FA
+    layers or peft adapters are injected as needed (MeZO with an ``adapter`` runs over that peft space's
+    trainable parameters, prge_lib.methods.adapters). SensZOQ needs the ``tokenizer`` for its C4 mask and,
+    for a "task" mask, ``task_batches()``: the task's training batches."""
+    return registry.get(config.method).build(config, model, tokenizer, task_batches)
 
 
 class Trainer:
@@ -256,7 +207,7 @@ class Trainer:
         start_commit()      # the code this run starts with, read before the model loads
         self.task = get_task(self.config.task)
         if model is None or tokenizer is None:
-            quant = "none" if self.config.method in SELF_QUANTIZING else self.config.quant
+            quant = registry.get(self.config.method).load_quant(self.config.quant)
             model, tokenizer = load_model(self.config.model, dtype=self.config.dtype, quant=quant,
                                           device=self.config.device)
         self.tokenizer = tokenizer
@@ -269,6 +220,7 @@ class Trainer:
             self.method = build_method(c, model, tokenizer, self.task_batches)
         else:
             self.method = method_builder(c, model)
+        check_method(self.method, c.method)
         self.model = self.method.model
         self.device = next(self.model.parameters()).device
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -328,7 +280,7 @@ class Trainer:
             return None
         epoch = self.epoch_position(self.step)[0]
         method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
-        if getattr(self.method, "optimizer", None) is not None:      # first-order methods
+        if self.method.optimizer is not None:      # first-order methods
             method["optimizer"] = self.method.optimizer.state_dict()
         payload = {"format": 1, "config": self.config.identity(), "step": self.step, "device": self.device.type,
                    "method": method, "history": self.history, "elapsed": self.elapsed,
@@ -441,7 +393,7 @@ class Trainer:
                             "per_step": self.history["step_time_s"]},
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
             "resumed_at_steps": self.history.get("resumed_at", []),
-            **({"method_settings": self.method.settings} if getattr(self.method, "settings", None) else {}),
+            **({"method_settings": self.method.settings} if self.method.settings else {}),
             **({"phase_times_s": {k: round(v, 3) for k, v in self.method.times.items()}}
-               if getattr(self.method, "times", None) else {}),
+               if self.method.times else {}),
         }

@@ -1,4 +1,5 @@
 """The zeroth-order engine (chapters 2, 3, 5, 6): RGE and its seeded noise (``rge``), the counter generator that
-runs inside an exported program (``prng``), MeZO's seed trick (``mezo``), LoRA-FA with n copies of B (``lora``)
+runs inside an exported program (``prng``), the seeds of a step and the base of the ZO methods
+(``estimator``), MeZO's seed trick (``mezo``), LoRA-FA with n copies of B (``lora``)
 and the P-RGE step with its outer and inner loops (``prge``).
 """

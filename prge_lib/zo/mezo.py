@@ -14,7 +14,7 @@ import torch
 
 from prge_lib.models.loading import is_quantized
 from prge_lib.models.objective import Batch, row_losses
-from prge_lib.zo.prge import ZerothOrder, step_seeds
+from prge_lib.zo.estimator import ZerothOrder, step_seeds
 from prge_lib.zo.rge import check_zo_dtype, gaussian
 
 _CHUNK = 1 << 20   # largest number of noise elements drawn at once (4 MiB in fp32)

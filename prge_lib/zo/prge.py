@@ -15,14 +15,14 @@ settings compute the same numbers up to float rounding (tests/test_prge.py); the
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Sequence
 
 import torch
 
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
 from prge_lib.models.objective import Batch, copy_losses
-from prge_lib.zo.rge import check_zo_dtype, mix_seed
+from prge_lib.zo.estimator import ZerothOrder, step_seeds  # noqa: F401  (step_seeds: re-exported)
+from prge_lib.zo.rge import check_zo_dtype
 
 
 # The trainer keeps each step's noise for the update (instead of redrawing it from the seeds) when the q·d
@@ -37,12 +37,6 @@ def keeps_noise(layers: Sequence[LoRAFALinear], q: int, keep_noise: bool | None 
     if keep_noise is not None:
         return bool(keep_noise)
     return q * sum(layer.lora_B.nbytes for layer in layers) <= KEEP_NOISE_BUDGET_MIB * 2 ** 20
-
-
-def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
-    """The q noise seeds of a training step: a pure function of (run seed, step), so a resumed run
-    draws exactly the noise the uninterrupted run would have drawn."""
-    return [mix_seed(run_seed, step, i) for i in range(q)]
 
 
 def forward_groups(q: int, outer: bool, inner: bool) -> list[list[tuple[int, int]]]:
@@ -89,21 +83,6 @@ def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> di
             for seed, gi in zip(seeds, g.tolist()):
                 layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
-
-
-class ZerothOrder:
-    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record, and
-    ``trainable()`` → the tensors a checkpoint saves (the trainer copies them out and back)."""
-
-    def __init__(self, model, q: int, eps: float, lr: float, seed: int):
-        if q < 1:
-            raise ValueError(f"q must be at least 1, got {q}")
-        if not (eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"eps must be a positive number, got {eps}")
-        self.model, self.q, self.eps, self.lr, self.seed = model, q, eps, lr, seed
-
-    def trainable(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
 
 
 class PRGE(ZerothOrder):

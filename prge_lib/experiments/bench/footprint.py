@@ -27,17 +27,18 @@ import torch
 from prge_lib.common.measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
 from prge_lib.models.loading import QUANT_MODES, load_model
 from prge_lib.models.objective import synthetic_batch
-from prge_lib.training.trainer import SELF_QUANTIZING, ZO_METHODS, TrainConfig, build_method
+from prge_lib.methods import registry
+from prge_lib.training.trainer import TrainConfig, build_method
 
-COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")
+COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")     # the default selection; any registered method runs
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
     """``method`` or ``method:quant`` (e.g. ``fo-lorafa:nf4``: plain backprop over an NF4 base, the baseline
     MeBP is compared with in seed 004 Table 3) → (method, settings)."""
     method, _, quant = spec.partition(":")
-    if method not in COMPARED:
-        raise ValueError(f"unknown method {method!r} in {spec!r}; choose from {list(COMPARED)}")
+    if method not in registry.names():
+        raise ValueError(f"unknown method {method!r} in {spec!r}; choose from {list(registry.names())}")
     if quant and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r} in {spec!r}; choose from {list(QUANT_MODES)}")
     return method, ({"quant": quant} if quant else {})
@@ -52,9 +53,11 @@ def held_mib(device: torch.device) -> float:
 
 
 def method_config(method: str, rows: int, **settings) -> TrainConfig:
-    """The training settings ``method`` is measured with: its defaults, E or batch size = ``rows``."""
-    shape = {"E": rows, "q": 4 if method == "prge" else None} if method in ZO_METHODS else {"batch_size": rows}
-    if method == "senszoq":
+    """The training settings ``method`` is measured with: its defaults, E or batch size = ``rows``, and a random
+    mask for a method that takes one."""
+    spec = registry.get(method)
+    shape = {"E": rows} if spec.family == "zo" else {"batch_size": rows}
+    if "mask" in spec.uses:
         shape["mask"] = "random"
     return TrainConfig("sst2", method=method, **{**shape, **settings}).resolved()
 
@@ -67,7 +70,7 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
     dev = torch.device(device)
     config = method_config(method, rows, device=device, **settings)
     before = held_mib(dev)
-    quant = "none" if method in SELF_QUANTIZING else config.quant
+    quant = registry.get(method).load_quant(config.quant)
     model, tokenizer = load_model(config.model, dtype=config.dtype, quant=quant, device=device)
     with torch.no_grad():
         for param in model.parameters():

@@ -18,23 +18,25 @@ from typing import Callable, Sequence
 import torch
 
 from prge_lib.data.splits import sample_task
-from prge_lib.methods.fo import FirstOrder
+from prge_lib.methods import registry
 from prge_lib.zo.lora import inject_lorafa
 from prge_lib.common.measure import PeakMemory, in_fresh_process, release_memory, time_steps
-from prge_lib.zo.mezo import MeZOFull, add_noise_
+from prge_lib.zo.mezo import add_noise_
 from prge_lib.models.loading import load_model
 from prge_lib.models.objective import collate, encode_example, row_losses, synthetic_batch
-from prge_lib.zo.prge import PRGE
 from prge_lib.zo.rge import check_zo_settings
 from prge_lib.data.tasks import get_task
+from prge_lib.training.trainer import TrainConfig, build_method
 
+FO_LR = 1e-5        # the first-order configurations' step size (any positive value times the same)
 CONFIGS = {
-    # name: (family, outer, inner)
-    "inference": ("inference", None, None),
+    # name: (the registered method it builds, None for a plain forward; P-RGE's outer, inner: None for the
+    # method's own, which for MeZO means 2q forwards in turn)
+    "inference": (None, None, None),
     "fo": ("fo", None, None),
     "fo-lorafa": ("fo-lorafa", None, None),
     "mezo": ("mezo", None, None),
-    "mezo-lorafa": ("prge", False, False),      # q = 1, the two forwards one after the other
+    "mezo-lorafa": ("mezo-lorafa", False, False),      # q = 1, the two forwards one after the other
     "prge-seq": ("prge", False, False),         # q queries, 2q forwards of B rows
     "prge-outer": ("prge", True, False),
     "prge-inner": ("prge", False, True),
@@ -70,25 +72,24 @@ class BatchSource:
 
 
 def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: float, lr: float):
-    """(step(t), rows per query, forwards per step) for configuration ``name`` with q queries."""
+    """(step(t), rows per query, forwards per step) for configuration ``name`` with q queries: the method
+    built as the trainer builds it (its defaults, seed 0), ZO ones with ``eps`` and ``lr``."""
 
-    family, outer, inner = CONFIGS[name]
+    method_name, outer, inner = CONFIGS[name]
     rows = check_zo_settings(q, E)
-    if family == "inference":
+    if method_name is None:
         def step(t):
             with torch.no_grad():
                 row_losses(model, source(rows, t))
         return step, rows, 1
-    if family in ("fo", "fo-lorafa"):
-        method = FirstOrder(model, 1e-5, "adam", lorafa=family == "fo-lorafa")
-        return (lambda t: method.step(source(rows, t), t)), rows, 1
-    if family == "mezo":
-        method = MeZOFull(model, q, eps, lr)
-        return (lambda t: method.step(source(rows, t), t)), rows, 2 * q
-    layers = inject_lorafa(model)
-    keep_noise = False if name == "prge-redraw" else None       # None: the trainer's default
-    method = PRGE(model, layers, q, eps, lr, outer=outer, inner=inner, keep_noise=keep_noise)
-    forwards = (1 if outer else q) * (1 if inner else 2)
+    if registry.get(method_name).family == "fo":
+        config, forwards = TrainConfig("sst2", method=method_name, lr=FO_LR, batch_size=rows), 1
+    else:
+        loops = {} if outer is None else {"outer": outer, "inner": inner}
+        keep_noise = False if name == "prge-redraw" else None       # None: the trainer's default
+        config = TrainConfig("sst2", method=method_name, q=q, E=E, eps=eps, lr=lr, keep_noise=keep_noise, **loops)
+        forwards = 2 * q if outer is None else (1 if outer else q) * (1 if inner else 2)
+    method = build_method(config.resolved(), model)
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
 
 

@@ -23,7 +23,8 @@ from torch import nn
 from prge_lib.common.measure import time_steps
 from prge_lib.zo.mezo import add_noise_, mezo_step
 from prge_lib.models.objective import Batch, copy_losses, row_losses, synthetic_batch
-from prge_lib.zo.prge import ZerothOrder, forward_groups, step_seeds
+from prge_lib.zo.estimator import ZerothOrder, step_seeds
+from prge_lib.zo.prge import forward_groups
 from prge_lib.models.quant import NF4Weight
 from prge_lib.zo.rge import check_zo_dtype, gaussian
 from prge_lib.methods.senszoq.sensitivity import build_mask, c4_mask, linear_weights, mask_size, task_fisher
@@ -194,7 +195,6 @@ class SensZOQ(ZerothOrder):
         super().__init__(model, q, eps, lr, seed)
         self.layers, self.outer, self.inner = list(layers), outer, inner
         check_zo_dtype([layer.values for layer in self.layers], "SensZOQ")
-        self.settings: dict = {}
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {f"{layer.name}.values": layer.values for layer in self.layers}

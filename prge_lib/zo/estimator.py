@@ -1,0 +1,40 @@
+"""What every zeroth-order method shares (chapters 2, 3, 5): the noise seeds of a step and the base class of
+the ZO methods, with the parts the trainer reads (:class:`prge_lib.methods.base.Method`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prge_lib.zo.rge import mix_seed
+
+
+def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
+    """The q noise seeds of a training step: a pure function of (run seed, step), so a resumed run
+    draws exactly the noise the uninterrupted run would have drawn."""
+    return [mix_seed(run_seed, step, i) for i in range(q)]
+
+
+class ZerothOrder:
+    """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record, and
+    ``trainable()`` → the tensors a checkpoint saves (the trainer copies them out and back). ZO-SGD keeps no
+    optimizer state (``optimizer`` is None); ``settings`` (what was built) and ``times`` (seconds per phase)
+    start empty."""
+
+    optimizer = None
+
+    def __init__(self, model, q: int, eps: float, lr: float, seed: int):
+        if q < 1:
+            raise ValueError(f"q must be at least 1, got {q}")
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive number, got {eps}")
+        self.model, self.q, self.eps, self.lr, self.seed = model, q, eps, lr, seed
+        self.settings: dict = {}
+        self.times: dict[str, float] = {}
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def step(self, batch, t: int) -> dict:
+        raise NotImplementedError
