@@ -260,6 +260,58 @@ def _reproduce(args) -> int:
 EXIT_CELLS_LEFT = 3
 
 
+def _bundle_build(args) -> int:
+    from prge_lib.deploy import bundle
+
+    check_writable(args.bundle_out, True, "--out")
+    if not (args.part_mib > 0 and math.isfinite(args.part_mib)):
+        raise ValueError(f"--part-mib takes a size in MiB > 0, got {args.part_mib}")
+    def names(text):
+        return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+    settings = bundle.plan(args.profile, names(args.with_wheels), names(args.skip_installed_on_box), args.python,
+                           args.platform)
+    for item in settings.pop("skipped"):
+        print(f"prge: {item} is left out: the machine has it (--skip-installed-on-box or the profile)",
+              file=sys.stderr)
+    manifest = bundle.build_bundle(args.bundle_out, **settings, part_bytes=max(1, int(args.part_mib * 2**20)),
+                                   say=lambda line: print(f"prge: {line}", file=sys.stderr))
+    print("\n".join(bundle.listing(manifest)))
+    print(f"-> {args.bundle_out}: copy every file in it to the machine, then run python3 install.py --check-only "
+          f"there, and python3 install.py [--target DIR]")
+    return 0
+
+
+def _add_bundle_parser(sub) -> None:
+    from prge_lib.deploy.bundle import DEFAULT_PART_MIB, PROFILES
+
+    bu = sub.add_parser("bundle", help="wheels, the embedded model and the shipped data for a machine without "
+                                       "internet, in parts, with a checking install script (README)")
+    build = bu.add_subparsers(dest="bundle_command", required=True).add_parser(
+        "build", help="download and split the bundle into --out",
+        description="Profiles: " + "; ".join(f"{name}: {', '.join(p.wheels)} and the project's wheel, for "
+                                              f"{p.note}" for name, p in PROFILES.items())
+        + ". Add wheels with --with (e.g. --with datasets,executorch: each at the version pyproject requires, "
+          "or name==version); leave out what the machine has with --skip-installed-on-box. Wheels come "
+          "without their dependencies (pip download --no-deps): name those the machine lacks too.")
+    build.add_argument("--out", dest="bundle_out", required=True, metavar="DIR", help="the bundle folder (new, empty, or an "
+                                                                       "earlier bundle to replace)")
+    build.add_argument("--profile", default="gpu-box", choices=list(PROFILES), help="the kind of machine "
+                       "(default gpu-box: the project's GPU machine)")
+    build.add_argument("--python", default=None, metavar="3.N", help="the machine's Python as 3.N (default: the profile's)")
+    build.add_argument("--platform", action="append", default=None, metavar="TAG",
+                       help="the machine's wheel platform tag (repeatable; default: the profile's); "
+                            "manylinux_2_N_ARCH also takes wheels for older glibc")
+    build.add_argument("--part-mib", type=float, default=DEFAULT_PART_MIB, metavar="MIB",
+                       help=f"split files larger than this into parts (default {DEFAULT_PART_MIB}: the machine "
+                            f"receives at most 64 MiB per copy)")
+    build.add_argument("--with", dest="with_wheels", default=None, metavar="NAMES",
+                       help="more wheels, comma-separated (names or requirements)")
+    build.add_argument("--skip-installed-on-box", default=None, metavar="NAMES",
+                       help="packages the machine has, comma-separated (besides the profile's): not downloaded")
+    build.set_defaults(run=_bundle_build)
+
+
 MODEL_OPTIONS = ("model", "dtype", "quant", "device")
 
 
@@ -434,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--warmup", type=int, default=1)
     fp.add_argument("--out", required=True, help="where to write the JSON result")
     fp.set_defaults(run=_footprint)
+    _add_bundle_parser(sub)
     return parser
 
 
