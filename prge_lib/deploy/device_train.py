@@ -16,14 +16,6 @@ from prge_lib.zo.lora import save_adapter
 HOSTS = ("python", "native", "native-aarch64")
 
 
-def parity(losses, eager_losses) -> dict:
-    """The paper's sanity check (§4.3): the relative difference of the per-step losses against eager P-RGE with
-    the same seeds and data; within 1e-4 at every step passes."""
-    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses, strict=True)]
-    return {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
-            "within_1e-4": max(rel) <= 1e-4}
-
-
 def host_trainer(config: TrainConfig, host: str, checkpoint_dir=None, progress: bool = True):
     """The trainer whose steps run in ``config.program``: :class:`PythonHost`, or the C++ trainer behind
     ``prge_lib.deploy.native_host.NativeTrainer`` ("native", "native-aarch64"). Both have ``run(resume)``, ``model``
