@@ -51,13 +51,17 @@ def _zeroshot(args) -> int:
 def _train(args) -> int:
     from prge_lib.zo.lora import save_adapter
     from prge_lib.methods import registry
-    from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
+    from prge_lib.training.trainer import (CHECKPOINT_NAME, TrainConfig, Trainer, TrainingDiverged,
+                                           check_checkpoint_folder)
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
     config.resolved()      # refuse bad settings before loading anything
-    if args.resume and not args.checkpoint_dir:
-        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
+    for option in ("resume", "restart"):
+        if getattr(args, option) and not args.checkpoint_dir:
+            raise ValueError(f"--{option} needs --checkpoint-dir (the folder of the run to continue or discard)")
+    if args.checkpoint_dir:     # an existing checkpoint is continued or discarded, never overwritten unasked
+        check_checkpoint_folder(Path(args.checkpoint_dir) / CHECKPOINT_NAME, args.resume, args.restart)
     start = time.perf_counter()
     builder = None
     if config.program:      # every step in an exported program: the runtime host builds the method
@@ -65,7 +69,7 @@ def _train(args) -> int:
     trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
     status, message = "finished", None
     try:
-        result = trainer.run(resume=args.resume)
+        result = trainer.run(resume=args.resume, restart=args.restart)
     except KeyboardInterrupt:
         saved = trainer.checkpoint_path()
         where = f"the last checkpoint ({saved}) is kept: rerun with --resume" if saved and saved.is_file() \
@@ -167,7 +171,8 @@ def _device_train(args) -> int:
     result = train_in_runtime(args.pte, args.task, args.steps, lr=args.lr, eps=args.eps,
                               eval_every=args.eval_every, check_eager=args.check_eager,
                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                              resume=args.resume, save_adapter_to=args.save_adapter, host=args.host, **sizes)
+                              resume=args.resume, restart=args.restart, save_adapter_to=args.save_adapter,
+                              host=args.host, **sizes)
     result["provenance"] = provenance(time.perf_counter() - start)
     write_result(args.out, result)
     if args.check_eager:
@@ -247,7 +252,8 @@ def _reproduce(args) -> int:
             raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
         deadline = time.time() + 60 * args.time_limit
     rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
-                say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, **roots)
+                say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
+                **roots)
     left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
     if left:                            # the time limit stopped the grid, or a Ray task stopped
         print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
@@ -374,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(tr)
     tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
     tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
+    tr.add_argument("--restart", action="store_true",
+                    help="discard the checkpoint in --checkpoint-dir and start the run again (without --resume or "
+                         "--restart, an existing checkpoint is refused)")
     tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
     tr.add_argument("--out", required=True, help="where to write the JSON result")
     tr.set_defaults(run=_train)
@@ -412,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--checkpoint-every", type=int, default=100)
     dt.add_argument("--resume", action="store_true",
                     help="continue the run saved in --checkpoint-dir with a freshly loaded program")
+    dt.add_argument("--restart", action="store_true",
+                    help="discard the run saved in --checkpoint-dir and start again (without --resume or --restart, "
+                         "an existing one is refused)")
     dt.add_argument("--save-adapter", default=None,
                     help="write the adapter trained in the runtime (safetensors, loadable with load_adapter)")
     from prge_lib.deploy.device_train import HOSTS
@@ -440,8 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match)")
     rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
-    rp.add_argument("--list", action="store_true", help="show each cell as done / partial / missing, with "
-                                                         "the time left, and exit")
+    rp.add_argument("--list", action="store_true", help="show each cell as done / running / partial / missing / "
+                                                         "unreadable, with the time left, and exit")
+    rp.add_argument("--restart", action="store_true",
+                    help="discard the checkpoints of the cells it runs and start them again (instead of resuming)")
     rp.add_argument("--dry-run", action="store_true", help="--list, plus the command of every cell to run")
     rp.add_argument("--summary", action="store_true",
                     help="write summary.csv and summary.md from the grid's result files (and run nothing)")

@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from importlib import metadata
@@ -134,12 +135,23 @@ def check_writable(path: str | os.PathLike, folder: bool = False, option: str = 
 @contextmanager
 def atomic_file(path: str | os.PathLike):
     """Yield a temporary path beside ``path``; once the block finishes, it replaces ``path`` in one step,
-    so a crash leaves the old file or the new one, never half of one."""
+    so a crash leaves the old file or the new one, never half of one.
+
+    Each writer gets a temporary file of its own (two processes writing the same file never take each other's),
+    removed if the block fails; it gets the permissions a new file would get."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    yield tmp
-    os.replace(tmp, path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)     # mkstemp makes it private to its owner
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_result(path: str | os.PathLike, result: dict) -> Path:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from prge_lib.deploy.export import read_program_meta
 from prge_lib.deploy.runtime import PythonHost, parity
-from prge_lib.training.trainer import TrainConfig, Trainer, build_method
+from prge_lib.training.trainer import (CHECKPOINT_NAME, TrainConfig, Trainer, build_method,
+                                       check_checkpoint_folder)
 from prge_lib.zo.lora import save_adapter
 
 HOSTS = ("python", "native", "native-aarch64")
@@ -32,7 +33,7 @@ def host_trainer(config: TrainConfig, host: str, checkpoint_dir=None, progress: 
 def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: float | None = None,
                      eval_every: int = 0, check_eager: bool = False, checkpoint_dir=None,
                      checkpoint_every: int = 100, resume: bool = False, save_adapter_to=None,
-                     host: str = "python", progress: bool = True, **sizes) -> dict:
+                     host: str = "python", progress: bool = True, restart: bool = False, **sizes) -> dict:
     """Train ``task`` for ``steps`` steps with the program ``pte`` in the ExecuTorch runtime (Gao et al. §4.3).
 
     The run's settings (q, E, rank, targets, seed, width) come from the program's sidecar. ``host`` drives the
@@ -40,8 +41,8 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     and run under emulation ("native-aarch64"; chapter 10). With ``check_eager`` the eager P-RGE trainer runs the
     same steps with the same seeds and data, and the result gains ``parity``: the relative difference of the
     per-step losses (the paper's sanity check). Checkpoints go to ``checkpoint_dir`` (the eager twin's to its
-    ``eager/`` subfolder); ``resume`` continues from them with a freshly loaded program. ``sizes``: n_train,
-    n_val, n_test."""
+    ``eager/`` subfolder); ``resume`` continues from them with a freshly loaded program, ``restart`` discards
+    them (with neither, a folder holding a run is refused). ``sizes``: n_train, n_val, n_test."""
 
     meta = read_program_meta(pte)
     s = meta["settings"]
@@ -57,14 +58,19 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     if check_eager:
         runs["eager"] = TrainConfig(**common)
     runs = {label: config.resolved() for label, config in runs.items()}   # refuse bad settings before any run
+    folders = {label: None if not checkpoint_dir else Path(checkpoint_dir) / ("eager" if label == "eager" else "")
+               for label in runs}
+    for label, folder in folders.items():      # before any run: the native host checks its own files
+        if folder is not None and (label == "eager" or host == "python"):
+            check_checkpoint_folder(folder / CHECKPOINT_NAME, resume, restart)
     results = {}
     for label, config in runs.items():
-        folder = None if not checkpoint_dir else Path(checkpoint_dir) / ("eager" if label == "eager" else "")
+        folder = folders[label]
         if label == "eager":
             trainer = Trainer(config, checkpoint_dir=folder, progress=progress, method_builder=build_method)
         else:
             trainer = host_trainer(config, host, folder, progress)
-        results[label] = trainer.run(resume=resume)
+        results[label] = trainer.run(resume=resume, restart=restart)
         if label == "runtime":
             results[label]["host"] = trainer.host_record()
             if save_adapter_to:

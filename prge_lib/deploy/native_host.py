@@ -265,12 +265,20 @@ class NativeTrainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.summaries: list[dict] = []
 
-    def run(self, resume: bool = False) -> dict:
+    def run(self, resume: bool = False, restart: bool = False) -> dict:
+        """Run the steps; ``resume`` continues the run in the checkpoint folder, ``restart`` discards it (with
+        neither, a folder holding a run's adapter file is refused)."""
         if self.checkpoint_dir is None:
             if resume:
                 raise ValueError("resume needs a checkpoint folder")
             with tempfile.TemporaryDirectory() as folder:
                 return self._run(Path(folder), False)
+        if resume and restart:
+            raise ValueError("--resume continues the saved run and --restart discards it: give one of them")
+        adapter = self.checkpoint_dir / "adapter.bin"
+        if not resume and not restart and adapter.is_file():
+            raise ValueError(f"{self.checkpoint_dir} already holds a native run at step {read_adapter(adapter)[0]}: "
+                             f"continue it with --resume, or discard it with --restart")
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         return self._run(self.checkpoint_dir, resume)
 

@@ -144,3 +144,11 @@ class PythonHost(Trainer):
         return {"name": "python", "machine": platform.machine(), "emulated": False,
                 "resident_at_start_mib": self.resident_at_start / 1024 if self.resident_at_start else None,
                 "peak_resident_mib": peak / 1024 if peak else None}
+
+
+def parity(losses, eager_losses) -> dict:
+    """The paper's sanity check (§4.3): the relative difference of the per-step losses against eager P-RGE with
+    the same seeds and data; within 1e-4 at every step passes."""
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses, strict=True)]
+    return {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
+            "within_1e-4": max(rel) <= 1e-4}

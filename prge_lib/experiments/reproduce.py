@@ -24,12 +24,16 @@ import dataclasses
 import functools
 import io
 import json
+import math
 import os
+import platform
 import random
+import re
 import shlex
 import shutil
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -43,7 +47,8 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file, provenance, write_result
 from prge_lib.data.tasks import get_task
 from prge_lib.methods import registry
-from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, TrainingStopped
+from prge_lib.training.trainer import (CheckpointError, TrainConfig, Trainer, TrainingDiverged, TrainingStopped,
+                                       read_checkpoint)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"       # what a result names when no --model was given
 PROFILES = ("cpu", "paper")
@@ -284,9 +289,58 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
 
 
 def result_differs(cell: Cell, results: Path = RESULTS) -> list[str] | None:
-    """None where ``cell`` has no result file, else the settings in which that file differs (:func:`cell_matches`)."""
+    """None where ``cell`` has no result file, else the settings in which that file differs (:func:`cell_matches`).
+    A file that cannot be read as a result raises :class:`ResultFileError`."""
     path = cell.result_path(results)
-    return cell_matches(cell, json.loads(path.read_text())) if path.is_file() else None
+    return cell_matches(cell, read_result(path)) if path.is_file() else None
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read as one, or that holds another cell's run: names the file and why."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _short(value) -> str:
+    """A JSON value in at most 40 characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _schema_failure(err) -> str:
+    """A jsonschema error in a few words: the failing field and what is wrong with it (never the whole file)."""
+    where = ".".join(map(str, err.absolute_path))
+    if err.validator == "required":
+        missing = re.match(r"'(.+)' is a required property", err.message)
+        name = missing.group(1) if missing else str(err.validator_value)
+        return f"field {where + '.' if where else ''}{name} is missing"
+    if not isinstance(err.validator, str):        # a check of validate_result's own
+        return f"field {where or '(top level)'}: {err.message}"
+    return (f"field {where or '(top level)'} is {_short(err.instance)}, which fails "
+            f"{err.validator} {_short(err.validator_value)}")
+
+
+def read_result(path: str | os.PathLike) -> dict:
+    """A result file, read and validated (:func:`validate_result`); :class:`ResultFileError` naming the file and
+    the failing field otherwise."""
+    import jsonschema
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ResultFileError(path, f"not valid JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    except UnicodeDecodeError:
+        raise ResultFileError(path, "not a text file") from None
+    if not isinstance(data, dict):
+        raise ResultFileError(path, f"holds a JSON {type(data).__name__}, not a result object")
+    try:
+        validate_result(data)
+    except jsonschema.ValidationError as err:
+        raise ResultFileError(path, _schema_failure(err)) from None
+    return data
 
 
 def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str, list[str]]:
@@ -295,18 +349,29 @@ def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str,
 
 
 def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
-    """{"state": "done" | "partial" | "missing" | "other settings (…)", "step": steps done, "steps": steps of
-    the cell}; the last is a result file made with other settings (:func:`cell_matches`)."""
-    differ = result_differs(cell, results)
+    """{"state": "done" | "running" | "partial" | "missing" | "other settings (…)" | "unreadable: …", "step": steps
+    done, "steps": steps of the cell}. "other settings": a result file made with other settings
+    (:func:`cell_matches`); "running": another process holds the cell's lock (:func:`cell_lock`); "unreadable": a
+    result file or checkpoint that cannot be read, with the reason."""
+    steps = cell.steps()
+    try:
+        differ = result_differs(cell, results)
+    except ResultFileError as err:
+        return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
     if differ is not None:
         state = "other settings (" + ", ".join(differ) + ")" if differ else "done"
-        return {"state": state, "step": cell.steps(), "steps": cell.steps()}
+        return {"state": state, "step": steps, "steps": steps}
+    running = cell_holder(cell, checkpoints) is not None
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
+    step = 0
     if ckpt.is_file():
-        import torch
-        step = torch.load(ckpt, weights_only=False, map_location="cpu", mmap=True)["step"]   # no tensor read
-        return {"state": "partial", "step": step, "steps": cell.steps()}
-    return {"state": "missing", "step": 0, "steps": cell.steps()}
+        try:
+            step = read_checkpoint(ckpt, mmap=True)["step"]      # mapped: no tensor is read
+        except CheckpointError as err:
+            if not running:
+                return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
+    state = "running" if running else "partial" if ckpt.is_file() else "missing"
+    return {"state": state, "step": step, "steps": steps}
 
 
 def _batch_examples(config: dict) -> int:
@@ -377,50 +442,128 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
     return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)
 
 
-def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None,
-             progress: bool = True, threads: int | None = None, deadline: float | None = None) -> Path:
-    """Run one cell (resuming its checkpoint if one exists) and write its result; return the result path.
+class CellBusy(RuntimeError):
+    """Another process runs the cell (it holds the cell's lock): this one leaves it alone."""
 
-    An existing result made with other settings is an error, not something to overwrite silently. A training
+
+LOCK_WAIT_S = 0.5      # how long a cell waits for its lock (a --list looking at the lock holds it for microseconds)
+
+
+def _lock_files(cell: Cell, checkpoints: Path | None) -> tuple[Path, Path]:
+    """The cell's lock file and its owner record, beside the cell's checkpoint folder."""
+    folder = cell.checkpoint_dir(checkpoints)
+    return folder.with_name(folder.name + ".lock"), folder.with_name(folder.name + ".owner.json")
+
+
+def _owner_text(owner: Path) -> str:
+    try:
+        o = json.loads(owner.read_text())
+        return f"pid {o['pid']} on {o['host']}, since {o['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its owner record {owner} is missing or unreadable"
+
+
+@contextmanager
+def cell_lock(cell: Cell, checkpoints: Path | None = None):
+    """Hold ``cell``'s lock for the block: one process at a time runs a cell, writes its checkpoints and removes
+    them. The lock (``filelock``) sits beside the checkpoint folder with an owner record (pid, host, start
+    time) for the others to name; the operating system releases the lock of a process that dies, even by
+    kill -9. Raises :class:`CellBusy`, naming the holder, when another process has it."""
+    from filelock import FileLock, Timeout
+
+    lock_path, owner = _lock_files(cell, checkpoints)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=LOCK_WAIT_S)
+    except Timeout:
+        raise CellBusy(f"cell {cell.name} is running in another process ({_owner_text(owner)}); "
+                       f"left to it") from None
+    try:
+        with atomic_file(owner) as tmp:
+            tmp.write_text(json.dumps({"pid": os.getpid(), "host": platform.node(),
+                                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
+def cell_holder(cell: Cell, checkpoints: Path | None = None) -> str | None:
+    """Who runs ``cell`` now ("pid … on …, since …"), or None when no process holds its lock."""
+    from filelock import FileLock, Timeout
+
+    lock_path, owner = _lock_files(cell, checkpoints)
+    if not lock_path.is_file():
+        return None
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return _owner_text(owner)
+    lock.release()
+    return None
+
+
+def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None,
+             progress: bool = True, threads: int | None = None, deadline: float | None = None,
+             restart: bool = False) -> Path:
+    """Run one cell (resuming its checkpoint if one exists, discarding it with ``restart``) and write its result;
+    return the result path.
+
+    The cell runs under its lock (:func:`cell_lock`): a cell another process runs raises :class:`CellBusy`. An
+    existing result made with other settings is an error, not something to overwrite silently. A training
     cell still running at ``deadline`` raises :class:`~prge_lib.training.trainer.TrainingStopped` after saving its
     checkpoint, and writes no result. A cell whose loss turns non-finite writes the steps it made, with
     ``status`` "diverged". Once the result is written the cell's checkpoint folder is removed."""
 
-    path, differ = cell.result_path(results), result_differs(cell, results)
-    if differ:
-        raise ValueError(f"{path} holds a result made with other settings ({differ}); move it away "
-                         f"to rerun cell {cell.name}")
-    if differ is not None:
+    path = cell.result_path(results)
+    if _result_done(cell, results):
         return path
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
-    start = time.perf_counter()
-    if cell.kind == "zeroshot":
-        result = _run_zeroshot(cell)
-    elif cell.kind == "bench":
-        result = _run_bench(cell)
-    else:
-        result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline)
-    result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
-                      "label": cell.row.label, "lr": cell.lr}
-    result.setdefault("seed", cell.seed)
-    result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
-    validate_result(result)
-    written = write_result(path, result)
-    # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
-    shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
+    with cell_lock(cell, checkpoints):
+        if _result_done(cell, results):         # written by another process while this one waited
+            return path
+        if threads:
+            import torch
+            torch.set_num_threads(threads)
+        start = time.perf_counter()
+        if cell.kind == "zeroshot":
+            result = _run_zeroshot(cell)
+        elif cell.kind == "bench":
+            result = _run_bench(cell)
+        else:
+            result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
+        result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+                          "label": cell.row.label, "lr": cell.lr}
+        result.setdefault("seed", cell.seed)
+        result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
+        validate_result(result)
+        written = write_result(path, result)
+        # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
+        shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
     return written
 
 
-def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None) -> dict:
+def _result_done(cell: Cell, results: Path) -> bool:
+    """Whether ``cell``'s result exists; an error if the file there holds a run with other settings."""
+    differ = result_differs(cell, results)
+    if differ:
+        raise ValueError(f"{cell.result_path(results)} holds a result made with other settings ({differ}); "
+                         f"move it away to rerun cell {cell.name}")
+    return differ is not None
+
+
+def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None,
+               restart: bool = False) -> dict:
 
     config = TrainConfig(**cell.config())
     trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
-    resume = trainer.checkpoint_path().is_file()
+    resume = trainer.checkpoint_path().is_file() and not restart
     try:
-        result = trainer.run(resume=resume, deadline=deadline)
+        result = trainer.run(resume=resume, deadline=deadline, restart=restart)
         result["status"] = "finished"
+    except CheckpointError as err:      # a cell resumes by the same command, not by --resume
+        raise CheckpointError(err.path, err.reason, resume="the same command") from None
     except TrainingDiverged as diverged:
         # the same seeds would diverge at the same step on every rerun: record the run as far as it went (its
         # evaluations, and one at the last good state), so the grid goes on and the table can say so
@@ -504,17 +647,20 @@ def validate_result(result: dict) -> None:
 
     _validator("bench" if result.get("kind") == "bench" else "train").validate(result)
     if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
-        raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses")
+        raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses",
+                                         path=("losses",))
 
 
 # ---------------------------------------------------------------- running a grid
 def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
              results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              cpus_per_cell: int = 1, say: Callable[[str], None] = print,
-             deadline: float | None = None) -> list[Path]:
+             deadline: float | None = None, restart: bool = False) -> list[Path]:
     """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
     result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
-    after it, and a training cell running past it stops at a checkpoint, to resume on the next run."""
+    after it, and a training cell running past it stops at a checkpoint, to resume on the next run. A cell
+    another process runs is left to it (:class:`CellBusy`); ``restart`` discards the checkpoints of the cells
+    this call runs."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     conflicts = conflicting_results(cells, results)
@@ -527,16 +673,18 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     checkpoints = checkpoint_root(checkpoints)
     say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
     if backend == "ray":
-        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline)
+        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline, restart)
     from tqdm.auto import tqdm
     paths = []
-    for cell in tqdm(todo, desc="cells", disable=not progress or len(todo) < 2):
+    for i, cell in enumerate(tqdm(todo, desc="cells", disable=not progress or len(todo) < 2)):
         if not _fits_before(cell, deadline):
-            say(f"time limit reached: {len(todo) - len(paths)} cells not run; the same command continues")
+            say(f"time limit reached: {len(todo) - i} cells not run; the same command continues")
             break
         say(f"cell {cell.name}")
         try:
-            paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline))
+            paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline, restart=restart))
+        except CellBusy as busy:
+            say(str(busy))
         except TrainingStopped as stop:
             say(f"cell {cell.name}: {stop}; the same command resumes it")
             break
@@ -552,7 +700,8 @@ def _fits_before(cell: Cell, deadline: float | None) -> bool:
     return time.time() + needs < deadline
 
 
-def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None) -> list[Path]:
+def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None,
+                restart=False) -> list[Path]:
     try:
         import ray
     except ImportError:
@@ -561,7 +710,7 @@ def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadli
         ray.init(address=address, log_to_driver=False)
     task = ray.remote(num_cpus=cpus_per_cell)(_ray_cell)
     env = {"PRGE_DATA_DIR": os.environ.get("PRGE_DATA_DIR", ""), "PRGE_FAST": os.environ.get("PRGE_FAST", "")}
-    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env, deadline): cell
+    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env, deadline, restart): cell
                for cell in cells}
     paths = []
     while pending:
@@ -577,29 +726,32 @@ def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadli
 
 
 def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dict,
-              deadline: float | None = None) -> tuple[str | None, str | None]:
-    """(result path, None), or (None, why) for a cell the deadline stopped or kept from starting."""
+              deadline: float | None = None, restart: bool = False) -> tuple[str | None, str | None]:
+    """(result path, None), or (None, why) for a cell the deadline stopped or kept from starting, or that another
+    process runs."""
     os.environ.update({k: v for k, v in env.items() if v})
     if not _fits_before(cell, deadline):
         return None, "not started: time limit reached"
     try:
         return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads,
-                            deadline=deadline)), None
-    except TrainingStopped as stop:
+                            deadline=deadline, restart=restart)), None
+    except (TrainingStopped, CellBusy) as stop:
         return None, str(stop)
 
 
 # ---------------------------------------------------------------- listing and summarizing
 def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None) -> str:
-    """A plain-text table: each cell's state (done / partial at step k / missing) and its time left."""
+    """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
+    :func:`cell_status`) and its time left."""
     lines, left, done = [], 0.0, 0
     for cell in cells:
         st = cell_status(cell, results, checkpoints)
         done += st["state"] == "done"
-        seconds = estimate_seconds(cell, max(0, st["steps"] - st["step"])) if st["state"] in ("partial", "missing") \
-            else 0.0
+        seconds = estimate_seconds(cell, max(0, st["steps"] - st["step"])) \
+            if st["state"] in ("partial", "missing", "running") else 0.0
         left += seconds
-        state = f"partial {st['step']}/{st['steps']}" if st["state"] == "partial" else st["state"]
+        state = f"{st['state']} {st['step']}/{st['steps']}" if st["state"] in ("partial", "running") and st["steps"] \
+            else st["state"]
         lines.append(f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}")
     basis = ("benchmark cells alone on an idle machine" if all(c.kind == "bench" for c in cells) else
              "training cells at 1 torch thread each; two side by side on a 2-core CPU take about half as long")
@@ -612,15 +764,55 @@ def _hours(seconds: float) -> str:
 
 
 def load_results(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
-    """Every result file of ``grid`` under ``profile`` (validated), with its path relative to the grid folder."""
+    """Every result file of ``grid`` under ``profile`` (validated, :func:`read_result`), with its path relative to
+    the grid folder. A training result whose settings are not those of the cell its file name gives is refused
+    (:func:`check_file_cell`), so that a misplaced file cannot pass for that cell in a table."""
     folder = Path(results) / grid_folder(grid, profile)
     out = []
     for path in sorted(folder.rglob("*.json")):
-        data = json.loads(path.read_text())
-        validate_result(data)
+        data = read_result(path)
         data["_file"] = str(path.relative_to(folder))
+        check_file_cell(grid, data, path)
         out.append(data)
     return out
+
+
+_CELL_FILE = re.compile(r"(?P<row>.+?)(?:-L(?P<seq_len>\d+))?(?:_lr(?P<lr>[^_]+))?_seed(?P<seed>\d+)")
+
+
+def check_file_cell(grid: str, result: dict, path: Path) -> None:
+    """Refuse (:class:`ResultFileError`) a training result whose task, row, learning rate or seed, or a fixed
+    setting of its row, differs from the cell its place gives (``<task>/<row>[_lr<lr>]_seed<seed>.json``)."""
+    if result.get("kind") != "train":
+        return
+    file = Path(result["_file"])
+    m = _CELL_FILE.fullmatch(file.stem)
+    if m is None:
+        raise ResultFileError(path, "its name is not a cell's (<task>/<row>[_lr<lr>]_seed<seed>.json), so its "
+                                    "row is unknown; rename it or move it away")
+    config, cell = result["config"], result.get("cell", {})
+    lr = None if result["method"] == "zeroshot" else config.get("lr")
+    try:
+        named_lr = None if m["lr"] is None else float(m["lr"])
+    except ValueError:
+        named_lr = math.nan
+    differ = []
+    if len(file.parts) > 1 and result["task"] != file.parts[0]:
+        differ.append(f"task {result['task']} (the folder says {file.parts[0]})")
+    if result["seed"] != int(m["seed"]):
+        differ.append(f"seed {result['seed']} (the name says {m['seed']})")
+    same_lr = lr is None and named_lr is None or (isinstance(lr, (int, float)) and named_lr is not None
+                                                  and math.isclose(lr, named_lr, rel_tol=1e-9))
+    if not same_lr:
+        differ.append(f"lr {lr} (the name says {m['lr']})")
+    if "row" in cell and cell["row"] != m["row"]:
+        differ.append(f"row {cell['row']} (the name says {m['row']})")
+    row = next((r for r in GRIDS.get(grid, {}).get("rows", ()) if r.key == m["row"]), None)
+    fixed = {} if row is None else {**row.settings, **({"method": row.method} if row.method != "zeroshot" else {})}
+    differ += [f"{k} {config[k]} (row {row.key} has {v})" for k, v in fixed.items() if k in config and config[k] != v]
+    if differ:
+        raise ResultFileError(path, f"its settings are not those of cell {file.with_suffix('')}: "
+                                    f"{'; '.join(differ)}; move it to its own cell's name or away")
 
 
 def _row_of(result: dict) -> str:
