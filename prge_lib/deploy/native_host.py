@@ -196,8 +196,9 @@ def build_trainer(target: str) -> Path:
     binary = folder / "prge-trainer"
     if binary.is_file():
         return binary
-    work = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # each build works in a folder of its own, so two processes building at once never share a CMake tree
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{folder.name}.building-"))
     configure = ["cmake", "-S", str(SOURCE), "-B", str(work), "-DCMAKE_BUILD_TYPE=Release",
                  f"-Dexecutorch_DIR={sdk / 'share' / 'cmake'}"]
     if target == "native-aarch64":
@@ -211,10 +212,17 @@ def build_trainer(target: str) -> Path:
             first = next((line for line in (proc.stdout + proc.stderr).splitlines() if "error" in line.lower()),
                          f"exit status {proc.returncode}")
             raise NativeHostError(f"building the C++ trainer for {target} failed: {first.strip()} (log: {log})")
-    shutil.rmtree(folder, ignore_errors=True)
-    work.rename(folder)
+    if folder.is_dir() and not binary.is_file():     # a stale folder (a build renamed in whole always has it)
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        work.rename(folder)
+    except OSError:                 # another process finished the same build first: use its binary
+        shutil.rmtree(work, ignore_errors=True)
+        if not binary.is_file():
+            raise
+        return binary
     for old in folder.parent.glob(f"build-{target}-*"):        # builds of earlier sources
-        if old != folder and old.name.rsplit("-", 1)[0] == f"build-{target}":
+        if old != folder and ".building-" not in old.name and old.name.rsplit("-", 1)[0] == f"build-{target}":
             shutil.rmtree(old, ignore_errors=True)
     return binary
 
