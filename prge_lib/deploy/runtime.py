@@ -22,6 +22,7 @@ import torch
 from prge_lib.common.measure import status_kib
 from prge_lib.models.objective import Batch, fit_width
 from prge_lib.zo.prge import PRGE, step_seeds
+from prge_lib.deploy.export import read_program_meta
 from prge_lib.deploy.program import TrainStep
 from prge_lib.training.trainer import TrainConfig, Trainer, build_method
 
