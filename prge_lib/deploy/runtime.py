@@ -22,7 +22,7 @@ import torch
 from prge_lib.common.measure import status_kib
 from prge_lib.models.objective import Batch, fit_width
 from prge_lib.zo.prge import PRGE, step_seeds
-from prge_lib.deploy.export import read_program_meta
+from prge_lib.deploy.export import check_program_header, read_program_meta
 from prge_lib.deploy.program import TrainStep
 from prge_lib.training.trainer import TrainConfig, Trainer, build_method
 
@@ -58,6 +58,7 @@ class RuntimeStep:
     def __init__(self, path, etdump: bool = False):
         from executorch.runtime import Runtime
 
+        check_program_header(path)
         self.program = Runtime.get().load_program(str(path), enable_etdump=etdump)
         with without_cpu_probe_chatter():
             self.method = self.program.load_method("forward")

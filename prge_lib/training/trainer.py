@@ -34,6 +34,7 @@ from prge_lib.common.provenance import atomic_file, start_commit
 from prge_lib.zo.rge import check_zo_settings, mix_seed
 from prge_lib.methods.senszoq.sensitivity import MASK_KINDS, SCOPES, check_mask_settings
 from prge_lib.methods.senszoq.sparse import build_senszoq
+from prge_lib.training.checks import check_numbers, check_step_memory
 from prge_lib.data.tasks import get_task
 
 METHODS = ("fo", "fo-lorafa", "mezo", "mezo-lorafa", "prge", "senszoq", "mebp")
@@ -163,10 +164,7 @@ class TrainConfig:
             values["quant"] = "nf4" if self.method in SELF_QUANTIZING else "none"
         c = TrainConfig(**values)
         c.targets = tuple(c.targets)
-        if c.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {c.steps}")
-        if not (c.lr > 0 and math.isfinite(c.lr)):
-            raise ValueError(f"lr must be a positive number, got {c.lr}")
+        check_numbers(dataclasses.asdict(c))
         if c.method in ZO_METHODS:
             if c.method == "mezo-lorafa" and c.q != 1:
                 raise ValueError(f"mezo-lorafa is P-RGE with q = 1; got q = {c.q} (use --method prge)")
@@ -174,8 +172,6 @@ class TrainConfig:
         else:
             if c.method == "mebp" and c.optimizer != "adam":
                 raise ValueError(f"mebp trains with Adam (seed 004); got optimizer {c.optimizer!r}")
-            if c.batch_size < 1:
-                raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
             if c.optimizer not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
             c.q = c.E = c.eps = None
@@ -189,8 +185,6 @@ class TrainConfig:
                              f"(choose nf4 or none)")
         if c.mmap_dir is not None and c.method != "mebp":
             raise ValueError(f"mmap_dir applies to method mebp only, not {c.method}")
-        if c.eval_every < 0 or c.checkpoint_every < 0:
-            raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
         check_noise_source(c.noise)
         if c.noise != "torch" and c.method not in ("prge", "mezo-lorafa"):
             raise ValueError(f"noise {c.noise!r} applies to prge and mezo-lorafa only, not {c.method}")
@@ -200,6 +194,7 @@ class TrainConfig:
                                  "use method prge, outer and inner on, noise 'counter'")
             if c.max_length is None:
                 raise ValueError("a program has a fixed sequence length: set max_length to it")
+        check_step_memory(c)
         return c
 
     def identity(self) -> dict:
@@ -255,15 +250,16 @@ class Trainer:
         self.config = config.resolved()
         start_commit()      # the code this run starts with, read before the model loads
         self.task = get_task(self.config.task)
+        c = self.config
+        # the data are read (and their rows checked) before the model loads
+        self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
+        if len(self.data.train) < c.batch_size:
+            raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         if model is None or tokenizer is None:
             quant = "none" if self.config.method in SELF_QUANTIZING else self.config.quant
             model, tokenizer = load_model(self.config.model, dtype=self.config.dtype, quant=quant,
                                           device=self.config.device)
         self.tokenizer = tokenizer
-        c = self.config
-        self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
-        if len(self.data.train) < c.batch_size:
-            raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
         if method_builder is None:
             self.method = build_method(c, model, tokenizer, self.task_batches)
