@@ -14,6 +14,11 @@ from prge_lib.common.settings import fast_mode, seed_everything
 from prge_lib.zo.lora import DEFAULT_TARGETS
 from prge_lib.common.provenance import check_writable, provenance, record_command, start_commit, write_result
 from prge_lib.data.tasks import TASKS
+from prge_lib.training.checks import check_numbers
+
+
+def _note(line: str) -> None:
+    print(f"prge: note: {line}", file=sys.stderr)
 
 
 def _zeroshot(args) -> int:
@@ -57,6 +62,9 @@ def _train(args) -> int:
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
     config.resolved()      # refuse bad settings before loading anything
+    if config.program:
+        from prge_lib.deploy.export import check_program
+        check_program(config.program, say=_note)
     for option in ("resume", "restart"):
         if getattr(args, option) and not args.checkpoint_dir:
             raise ValueError(f"--{option} needs --checkpoint-dir (the folder of the run to continue or discard)")
@@ -110,9 +118,10 @@ def _bench(args) -> int:
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
     try:
-        qs = tuple(int(v) for v in args.q.split(","))
+        qs = tuple(int(v) for v in args.q_list.split(","))
     except ValueError:
-        raise ValueError(f"--q takes integers separated by commas, got {args.q!r}") from None
+        raise ValueError(f"--q takes integers separated by commas, got {args.q_list!r}") from None
+    check_numbers({"q": qs}, options=True)
     start = time.perf_counter()
     spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
     result = bench(spec, names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
@@ -189,11 +198,11 @@ def _device_train(args) -> int:
 
 
 def _device_bench(args) -> int:
-    from prge_lib.deploy.export import read_program_meta
+    from prge_lib.deploy.export import check_program
     from prge_lib.experiments.bench.program import compare, profile
 
     start = time.perf_counter()
-    settings = read_program_meta(args.pte)["settings"]
+    settings = check_program(args.pte, say=_note)["settings"]
     result = {"kind": "device-bench", "program": Path(args.pte).name, "program_settings": settings,
               "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
               "inputs": "one random batch of the program's shapes, no padding, fed to both sides",
@@ -226,6 +235,7 @@ def _reproduce(args) -> int:
             seeds = [int(v) for v in args.seeds.split(",")]
         except ValueError:
             raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
+        check_numbers({"seed": seeds})
     overrides = {"steps": args.steps} if args.steps else {}
     if args.device != "cpu":
         benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
@@ -264,6 +274,8 @@ def _reproduce(args) -> int:
 
 # `prge reproduce` stopped with cells left to run (a --time-limit): distinct from success (0) and bad input (2)
 EXIT_CELLS_LEFT = 3
+# a setting, file or data row refused (argparse exits with 2 for its own errors too)
+EXIT_BAD_INPUT = 2
 
 
 def _bundle_build(args) -> int:
@@ -478,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")
     be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
-    be.add_argument("--q", default="4", help="queries for the prge configurations; several: 1,4,16")
+    be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
     be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")
     be.add_argument("--task", default=None, help="time real training batches of this task instead")
     be.add_argument("--repeats", type=int, default=5)
@@ -514,17 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     record_command(shlex.join(["prge", *argv]))
     start_commit()      # the code this command runs, read before any long work begins
-    try:    # every output location is checked before any work starts
+    try:    # every output location and every number is checked before any work starts
         for name, folder in _OUTPUTS.items():
             if getattr(args, name, None):
                 check_writable(getattr(args, name), folder, f"--{name.replace('_', '-')}")
+        check_numbers(vars(args), options=True)
     except ValueError as err:
         print(f"prge: error: {err}", file=sys.stderr)
-        return 2
-    for name in ("n", "n_train", "n_val", "n_test", "repeats", "seq_len", "steps", "cpus_per_cell"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise SystemExit(f"prge: --{name.replace('_', '-')} must be at least 1, got {value}")
+        return EXIT_BAD_INPUT
     if args.command != "train" and hasattr(args, "quant"):
         args.quant = args.quant or "none"     # only training methods choose their own default
     if fast_mode():
@@ -534,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, FileNotFoundError, RuntimeError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"prge: error: {message}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -9,9 +9,6 @@ import os
 import random
 from pathlib import Path
 
-import numpy as np
-import torch
-
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -73,6 +70,9 @@ def cache_dir() -> Path:
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and CUDA) for a reproducible run."""
+    import numpy as np      # imported here: reading a setting must not load the numeric stack
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

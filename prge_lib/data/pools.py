@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from prge_lib.common.settings import data_dir
@@ -31,6 +31,32 @@ class DataUnavailableError(RuntimeError):
 
 class PoolMissError(DataUnavailableError):
     """A row that the shipped pool does not hold."""
+
+
+class DataFormatError(ValueError):
+    """A data file or row that cannot be read as the task's data; the message names the file and line."""
+
+
+def jsonl_records(lines, name) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of JSON Lines given as bytes (a file opened in binary
+    mode); a line that is not UTF-8, not JSON or not an object is a :class:`DataFormatError` naming ``name``
+    and the line."""
+    for number, raw in enumerate(lines, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataFormatError(f"{name}, line {number}: not UTF-8 text (byte {raw[err.start]:#04x} at "
+                                  f"column {err.start + 1})") from None
+        if not text.strip():
+            continue
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataFormatError(f"{name}, line {number}: not valid JSON ({err.msg} at column {err.colno})") \
+                from None
+        if not isinstance(item, dict):
+            raise DataFormatError(f"{name}, line {number}: a JSON object expected, got {type(item).__name__}")
+        yield number, item
 
 
 class PooledSplit(Sequence):
@@ -68,12 +94,18 @@ def read_pool(task_path: str, split: str, root: Path = POOL_DIR) -> PooledSplit 
     path = pool_path(task_path, split, root)
     if not path.is_file():
         return None
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        rows = {}
-        for line in f:
-            item = json.loads(line)
-            rows[item["i"]] = item["row"]
+    header, rows = None, {}
+    with lzma.open(path, "rb") as f:
+        for number, item in jsonl_records(f, path):
+            if header is None:
+                header = item
+            elif not {"i", "row"} <= item.keys():
+                raise DataFormatError(f"{path}, line {number}: a pool line holds 'i' and 'row', got "
+                                      f"{sorted(item)}")
+            else:
+                rows[item["i"]] = item["row"]
+    if header is None:
+        raise DataFormatError(f"{path} is empty: a pool starts with a header line")
     return PooledSplit(f"{task_path}/{split}", header["n_rows"], rows, header["seeds"])
 
 

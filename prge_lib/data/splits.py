@@ -9,7 +9,6 @@ written into ``TaskData.notes`` so results can carry it.
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,19 +16,40 @@ from pathlib import Path
 import torch
 
 from prge_lib.common.settings import data_dir
-from prge_lib.data.pools import DataUnavailableError, read_pool
+from prge_lib.data.pools import DataFormatError, DataUnavailableError, jsonl_records, read_pool
 from prge_lib.data.tasks import Task
 
 PROTOCOL = {"n_train": 1000, "n_val": 500, "n_test": 1000}
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: Path, task: Task | None = None) -> list[dict]:
+    """The rows of a JSON Lines file; with ``task``, each checked by :func:`check_row`. Every error names the
+    file and the line."""
+    rows = []
+    with open(path, "rb") as f:
+        for number, row in jsonl_records(f, path):
+            if task is not None:
+                check_row(task, row, f"{path}, line {number}")
+            rows.append(row)
+    return rows
+
+
+def check_row(task: Task, row: dict, where: str) -> None:
+    """Refuse a row ``task`` cannot use, naming ``where`` (file and line, or row): a field its prompt or answer
+    reads is missing, a value is of the wrong kind, or the label is not one of the task's classes."""
+    try:
+        if task.render is not None:
+            task.prompt(row)
+        task.check_label(row)
+    except KeyError as err:
+        raise DataFormatError(f"{where}: no field {err.args[0]!r}, which task {task.name!r} reads") from None
+    except (TypeError, ValueError, AttributeError, IndexError) as err:
+        raise DataFormatError(f"{where}: {err}") from None
 
 
 def load_split(task: Task, split: str, root: Path | None = None):
-    """Rows of one split in the hub's schema, as a sequence.
+    """Rows of one split in the hub's schema, as a sequence (the rows of a data folder's file checked by
+    :func:`check_row`).
 
     From ``<root>/<task.path>/<split>.jsonl`` (``root`` defaults to the folder ``PRGE_DATA_DIR`` names); with
     ``PRGE_DATA_DIR=hub`` from ``datasets.load_dataset``; unset, from the pool shipped with the book
@@ -44,7 +64,10 @@ def load_split(task: Task, split: str, root: Path | None = None):
             raise DataUnavailableError(
                 f"task {task.name!r}: looked for {path} and found no such file "
                 f"(data folder {root}; expected layout <dataset>/<config>/<split>.jsonl)")
-        return read_jsonl(path)
+        rows = read_jsonl(path, task)
+        if not rows:
+            raise DataFormatError(f"{path} holds no rows")
+        return rows
     if data_source() == "shipped":
         pool = read_pool(task.path, split)
         if pool is not None:

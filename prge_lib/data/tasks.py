@@ -45,9 +45,26 @@ class Task:
         """The label id (cls), the index of the right option (mch), or the list of gold answers (qa)."""
         if self.kind == "qa":
             return list(example["answers"]["text"])
-        if self.name == "winogrande":
-            return int(example["answer"]) - 1
-        return int(example["label"])
+        field, first = self.label_field()
+        return int(example[field]) - first
+
+    def label_field(self) -> tuple[str, int]:
+        """The field that holds an example's answer (cls, mch) and the value that stands for the first class."""
+        return ("answer", 1) if self.name == "winogrande" else ("label", 0)
+
+    def check_label(self, example: dict) -> None:
+        """Raise ValueError when the example's answer is not one of the task's classes (its label words or
+        options; for qa: no gold answer), naming the field, its value and the values allowed."""
+        if self.kind == "qa":
+            if not self.gold(example):
+                raise ValueError("answers.text is empty: the example has no gold answer")
+            return
+        count = len(self.label_words) if self.kind == "cls" else len(self.options(example))
+        if not 0 <= self.gold(example) < count:
+            field, first = self.label_field()
+            words = f" ({', '.join(map(repr, self.label_words))})" if self.kind == "cls" else ""
+            raise ValueError(f"{field} {example[field]!r} is not one of the {count} classes of task {self.name!r}; "
+                             f"allowed: {', '.join(str(first + i) for i in range(count))}{words}")
 
     def training_pair(self, example: dict) -> tuple[str, str]:
         """(context, continuation) a training step reads: the prompt and its answer, or the right option."""

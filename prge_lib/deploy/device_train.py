@@ -6,9 +6,10 @@ The hosts: :class:`prge_lib.deploy.runtime.PythonHost` (this Python process) and
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from prge_lib.deploy.export import read_program_meta
+from prge_lib.deploy.export import check_program
 from prge_lib.deploy.runtime import PythonHost, parity
 from prge_lib.training.trainer import (CHECKPOINT_NAME, TrainConfig, Trainer, build_method,
                                        check_checkpoint_folder)
@@ -44,7 +45,7 @@ def train_in_runtime(pte, task: str, steps: int, lr: float | None = None, eps: f
     ``eager/`` subfolder); ``resume`` continues from them with a freshly loaded program, ``restart`` discards
     them (with neither, a folder holding a run is refused). ``sizes``: n_train, n_val, n_test."""
 
-    meta = read_program_meta(pte)
+    meta = check_program(pte, say=warnings.warn)     # before any model loads
     s = meta["settings"]
     if resume and not checkpoint_dir:
         raise ValueError("resume needs checkpoint_dir (the folder of the run to continue)")

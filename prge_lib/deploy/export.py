@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from prge_lib.data.pools import sha256
 from prge_lib.data.splits import sample_task
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
 from prge_lib.models.loading import load_model, truncate_layers
@@ -20,6 +21,10 @@ from prge_lib.data.tasks import get_task
 
 BACKENDS = ("xnnpack", "portable")
 PROGRAM_DTYPES = ("fp32", "fp16")
+# An ExecuTorch program is a flatbuffer whose file identifier, bytes 4 to 8, is the schema's "ET12"
+# (executorch/schema/program.fbs); the runtime reads at least 64 bytes of head (Program::kMinHeadBytes)
+PROGRAM_IDENTIFIER = b"ET12"
+PROGRAM_HEAD_BYTES = 64
 
 
 def example_inputs(step: TrainStep, rows: int, seq_len: int, target_len: int, vocab: int,
@@ -59,12 +64,21 @@ def export_program(step: TrainStep, inputs: tuple, path, backend: str = "xnnpack
         with open(tmp, "wb") as f:
             f.write(program.buffer)
     size = Path(path).stat().st_size
-    return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "planned_bytes": planned, "ops": ops}
+    return {"export_s": export_s, "lower_s": lower_s, "pte_bytes": size, "pte_sha256": sha256(path),
+            "planned_bytes": planned, "ops": ops}
 
 
 def meta_path(pte) -> Path:
     """The JSON beside a program that records how it was built (``model.pte`` → ``model.json``)."""
     return Path(pte).with_suffix(".json")
+
+
+def check_program_path(out) -> None:
+    """Refuse a program path that is not ``<name>.pte``: its settings go to ``<name>.json`` beside it, so
+    ``x.json`` would be overwritten by its own settings."""
+    if Path(out).suffix != ".pte":
+        raise ValueError(f"--out {out}: a program's name ends in .pte (its settings go to "
+                         f"{meta_path(out)} beside it); use --out {Path(out).with_suffix('.pte')}")
 
 
 def read_program_meta(pte) -> dict:
@@ -73,6 +87,41 @@ def read_program_meta(pte) -> dict:
         raise FileNotFoundError(f"{path} is missing: it records the settings {pte} was exported with "
                                 "(write both with `prge export`)")
     return json.loads(path.read_text())
+
+
+def check_program_header(pte) -> None:
+    """Refuse a file that does not start like an ExecuTorch program (:data:`PROGRAM_IDENTIFIER`), naming it:
+    the runtime would fail on it without its name, or abort the process."""
+    path = Path(pte)
+    if not path.is_file():
+        raise FileNotFoundError(f"no program at {path}")
+    with open(path, "rb") as f:
+        head = f.read(PROGRAM_HEAD_BYTES)
+    if len(head) < PROGRAM_HEAD_BYTES or head[4:8] != PROGRAM_IDENTIFIER:
+        found = f"{len(head)} bytes long" if len(head) < PROGRAM_HEAD_BYTES else f"bytes 4-8 read {head[4:8]!r}"
+        raise ValueError(f"{path} is not an ExecuTorch program ({found}; a program has at least "
+                         f"{PROGRAM_HEAD_BYTES} bytes and {PROGRAM_IDENTIFIER.decode()} at bytes 4-8): "
+                         f"write it again with `prge export`")
+
+
+def check_program(pte, say=None) -> dict:
+    """The settings record of the program ``pte`` (:func:`read_program_meta`), after checking that the file
+    is an ExecuTorch program and is the one the record describes: its size and SHA-256. A record without the
+    digest (programs exported before it was kept) has its size checked only, which ``say`` is told."""
+    meta = read_program_meta(pte)
+    check_program_header(pte)
+    size, expected = Path(pte).stat().st_size, meta.get("pte_bytes")
+    if expected is not None and size != expected:
+        raise ValueError(f"{pte} is {size} bytes, but {meta_path(pte)} records {expected}: the program is not "
+                         f"the one exported with these settings (export it again)")
+    if "pte_sha256" not in meta:
+        if say is not None:
+            say(f"{meta_path(pte)} records no SHA-256 of {pte} (exported before it was kept): its header "
+                f"{'and size were' if expected is not None else 'was'} checked, its content was not")
+    elif sha256(pte) != meta["pte_sha256"]:
+        raise ValueError(f"{pte} does not match the SHA-256 in {meta_path(pte)}: the program changed after "
+                         f"export (export it again)")
+    return meta
 
 
 def export_training_program(task: str, out, model: str | None = None, layers: int | None = None, q: int = 4,
@@ -84,6 +133,7 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
     ``dtype`` is the frozen weights' precision (fp32 or fp16); the adapter, its noise and the update stay
     fp32 (chapter 10, "fp16 in the program?")."""
 
+    check_program_path(out)
     check_zo_settings(q, E, dtype=dtype)
     if dtype not in PROGRAM_DTYPES:
         raise ValueError(f"a program's weights can be {PROGRAM_DTYPES}, got {dtype!r} (bf16 breaks ZO: the "

@@ -15,14 +15,13 @@ import platform
 import sys
 import tempfile
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from prge_lib.common.measure import status_kib
 from prge_lib.models.objective import Batch, fit_width
 from prge_lib.zo.prge import PRGE, step_seeds
-from prge_lib.deploy.export import read_program_meta
+from prge_lib.deploy.export import check_program_header, read_program_meta
 from prge_lib.deploy.program import TrainStep
 from prge_lib.training.trainer import TrainConfig, Trainer, build_method
 
@@ -58,6 +57,7 @@ class RuntimeStep:
     def __init__(self, path, etdump: bool = False):
         from executorch.runtime import Runtime
 
+        check_program_header(path)
         self.program = Runtime.get().load_program(str(path), enable_etdump=etdump)
         with without_cpu_probe_chatter():
             self.method = self.program.load_method("forward")
@@ -144,11 +144,3 @@ class PythonHost(Trainer):
         return {"name": "python", "machine": platform.machine(), "emulated": False,
                 "resident_at_start_mib": self.resident_at_start / 1024 if self.resident_at_start else None,
                 "peak_resident_mib": peak / 1024 if peak else None}
-
-
-def parity(losses, eager_losses) -> dict:
-    """The paper's sanity check (§4.3): the relative difference of the per-step losses against eager P-RGE with
-    the same seeds and data; within 1e-4 at every step passes."""
-    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses, strict=True)]
-    return {"max_rel_loss_diff": max(rel), "per_step_rel_loss_diff": rel, "steps": len(rel),
-            "within_1e-4": max(rel) <= 1e-4}

@@ -700,6 +700,24 @@ def _fits_before(cell: Cell, deadline: float | None) -> bool:
     return time.time() + needs < deadline
 
 
+def connect_ray(ray, address: str | None) -> None:
+    """``ray.init``: the cluster at ``address``, secured by its operators (chapter 7); with no address, a Ray
+    started on this machine with no dashboard (its web and job APIs run code for whoever reaches them) and
+    with token authentication (RAY_AUTH_MODE=token unless set otherwise; Ray 2.52 and later), so that its APIs
+    and the connections between its processes need the token Ray keeps in ~/.ray/auth_token. Where it listens
+    stays Ray's choice: Ray rewrites a loopback ``_node_ip_address`` to this machine's reachable address
+    (``ray._private.services.resolve_ip_for_localhost``, Ray 2.60), so that setting cannot confine it."""
+    found = tuple(int(part) for part in ray.__version__.split(".")[:2])
+    if found < (2, 52):
+        raise RuntimeError(f"--backend ray needs Ray 2.52 or later (token authentication); found {ray.__version__}: "
+                           f"pip install -e '.[cluster]'")
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    ray.init(include_dashboard=False, log_to_driver=False)
+
+
 def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None,
                 restart=False) -> list[Path]:
     try:
@@ -707,7 +725,7 @@ def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadli
     except ImportError:
         raise RuntimeError("--backend ray needs Ray: pip install -e '.[cluster]' (or pip install ray)") from None
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
+        connect_ray(ray, address)
     task = ray.remote(num_cpus=cpus_per_cell)(_ray_cell)
     env = {"PRGE_DATA_DIR": os.environ.get("PRGE_DATA_DIR", ""), "PRGE_FAST": os.environ.get("PRGE_FAST", "")}
     pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env, deadline, restart): cell

@@ -35,6 +35,7 @@ from prge_lib.zo.prge import KEEP_NOISE_BUDGET_MIB
 from prge_lib.common.provenance import atomic_file, start_commit
 from prge_lib.zo.rge import check_zo_settings, mix_seed
 from prge_lib.methods.senszoq.sensitivity import MASK_KINDS, SCOPES
+from prge_lib.training.checks import check_numbers, check_step_memory
 from prge_lib.data.tasks import get_task
 
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
@@ -234,15 +235,10 @@ class TrainConfig:
             values["quant"] = "nf4" if spec.self_quantizing else "none"
         c = TrainConfig(**values)
         c.targets = tuple(c.targets)
-        if c.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {c.steps}")
-        if not (c.lr > 0 and math.isfinite(c.lr)):
-            raise ValueError(f"lr must be a positive number, got {c.lr}")
+        check_numbers(dataclasses.asdict(c))
         if spec.family == "zo":
             c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
         else:
-            if c.batch_size < 1:
-                raise ValueError(f"batch_size must be at least 1, got {c.batch_size}")
             if c.optimizer not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         for name in registry.NULLED:
@@ -251,8 +247,6 @@ class TrainConfig:
         if spec.self_quantizing and c.quant not in ("nf4", "none"):
             raise ValueError(f"{c.method} dequantizes an NF4 base itself; quant {c.quant!r} is not supported "
                              f"(choose nf4 or none)")
-        if c.eval_every < 0 or c.checkpoint_every < 0:
-            raise ValueError("eval_every and checkpoint_every must be 0 (off) or positive")
         check_noise_source(c.noise)
         unset = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
         for name in registry.REFUSED:
@@ -262,6 +256,7 @@ class TrainConfig:
                                  f"only, not {c.method} (got {getattr(c, name)!r})")
         if spec.check is not None:
             spec.check(c)
+        check_step_memory(c)
         return c
 
     def identity(self) -> dict:
@@ -290,15 +285,16 @@ class Trainer:
         self.config = config.resolved()
         start_commit()      # the code this run starts with, read before the model loads
         self.task = get_task(self.config.task)
+        c = self.config
+        # the data are read (and their rows checked) before the model loads
+        self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
+        if len(self.data.train) < c.batch_size:
+            raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         if model is None or tokenizer is None:
             quant = registry.get(self.config.method).load_quant(self.config.quant)
             model, tokenizer = load_model(self.config.model, dtype=self.config.dtype, quant=quant,
                                           device=self.config.device)
         self.tokenizer = tokenizer
-        c = self.config
-        self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
-        if len(self.data.train) < c.batch_size:
-            raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
         if method_builder is None:
             self.method = build_method(c, model, tokenizer, self.task_batches)
