@@ -15,7 +15,7 @@ import torch
 from prge_lib.cli.main import main
 from prge_lib.common.provenance import atomic_file
 from prge_lib.experiments import reproduce as rp
-from prge_lib.training.trainer import CheckpointError, read_checkpoint
+from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 from fixtures import small_trainer
 

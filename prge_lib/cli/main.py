@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from prge_lib.common.settings import fast_mode, seed_everything
-from prge_lib.zo.lora import DEFAULT_TARGETS
+from prge_lib.models.options import EMBEDDED
+from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
 from prge_lib.common.provenance import check_writable, provenance, record_command, start_commit, write_result
 from prge_lib.data.tasks import TASKS
 from prge_lib.training.checks import check_numbers
@@ -56,8 +57,9 @@ def _zeroshot(args) -> int:
 def _train(args) -> int:
     from prge_lib.zo.lora import save_adapter
     from prge_lib.methods import registry
-    from prge_lib.training.trainer import (CHECKPOINT_NAME, TrainConfig, Trainer, TrainingDiverged,
-                                           check_checkpoint_folder)
+    from prge_lib.training.checkpoints import CHECKPOINT_NAME, check_checkpoint_folder
+    from prge_lib.training.config import TrainConfig
+    from prge_lib.training.trainer import Trainer, TrainingDiverged
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
@@ -89,7 +91,7 @@ def _train(args) -> int:
         result = {"kind": "train", "task": config.task, "method": config.method, "seed": config.seed,
                   "config": dataclasses.asdict(trainer.config), "steps": trainer.step, "losses": trainer.history["losses"],
                   "evals": trainer.history["evals"]}
-    result.update({"status": status, "model": config.model or "SmolLM2-135M-Instruct",
+    result.update({"status": status, "model": config.model or EMBEDDED,
                    "provenance": provenance(time.perf_counter() - start)})
     if message:
         result["error"] = message
@@ -129,7 +131,7 @@ def _bench(args) -> int:
     result.update({"kind": "bench", "methods": names, "E": args.E, "q": list(qs), "seq_len": args.seq_len,
                    "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
                    else "synthetic, full length, no padding",
-                   "quant": args.quant, "dtype": args.dtype, "model": args.model or "SmolLM2-135M-Instruct",
+                   "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
                    "provenance": provenance(time.perf_counter() - start)})
     write_result(args.out, result)
@@ -146,7 +148,7 @@ def _footprint(args) -> int:
     rows = footprint(methods, seq_len=args.seq_len, rows=args.rows, steps=args.steps, warmup=args.warmup,
                      progress=lambda line: print(line, file=sys.stderr))
     result = {"kind": "footprint", "methods": methods, "seq_len": args.seq_len, "rows": args.rows,
-              "steps": args.steps, "warmup": args.warmup, "model": "SmolLM2-135M-Instruct",
+              "steps": args.steps, "warmup": args.warmup, "model": EMBEDDED,
               "batches": "synthetic, full length, one answer token per row", "configs": rows,
               "seed": 0, "provenance": provenance(time.perf_counter() - start)}   # synthetic_batch's seed
     write_result(args.out, result)
@@ -300,11 +302,9 @@ def _bundle_build(args) -> int:
     return 0
 
 
-def _add_bundle_parser(sub) -> None:
+def _options_bundle(bu) -> None:
     from prge_lib.deploy.bundle import DEFAULT_PART_MIB, PROFILES
 
-    bu = sub.add_parser("bundle", help="wheels, the embedded model and the shipped data for a machine without "
-                                       "internet, in parts, with a checking install script (README)")
     build = bu.add_subparsers(dest="bundle_command", required=True).add_parser(
         "build", help="download and split the bundle into --out",
         description="Profiles: " + "; ".join(f"{name}: {', '.join(p.wheels)} and the project's wheel, for "
@@ -340,7 +340,7 @@ def _add_model_options(p) -> None:
 def _add_config_options(p, names=None) -> None:
     """Options built from TrainConfig's fields (all of them, or ``names``): each setting is declared once,
     with its default, help and choices, in ``prge_lib.training.trainer.TrainConfig``."""
-    from prge_lib.training.trainer import TrainConfig
+    from prge_lib.training.config import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
         if "help" not in f.metadata or (names is not None and f.name not in names):
@@ -375,10 +375,7 @@ def _method_defaults() -> str:
             + "".join(f"; {s.name} with an adapter: {listed(s.adapter_defaults)}" for s in specs if s.adapter_defaults))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prge", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    zs = sub.add_parser("zeroshot", help="evaluate a task without training and write a JSON result")
+def _options_zeroshot(zs) -> None:
     zs.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
     zs.add_argument("--n", type=int, default=None, help="evaluate the first N test examples (default: all)")
     zs.add_argument("--seed", type=int, default=0, help="data sampling seed (default 0)")
@@ -387,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     zs.add_argument("--out", required=True, help="where to write the JSON result")
     zs.set_defaults(run=_zeroshot)
 
-    tr = sub.add_parser("train", help="fine-tune a task with one method and write a JSON result",
-                        description=_method_defaults())
+
+def _options_train(tr) -> None:
     _add_config_options(tr)
     tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
     tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
@@ -399,15 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, help="where to write the JSON result")
     tr.set_defaults(run=_train)
 
-    ex = sub.add_parser("export", help="export the P-RGE training step as an ExecuTorch program (chapter 10)")
+
+def _options_export(ex) -> None:
     ex.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)} (sets the answer width)")
-    ex.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    ex.add_argument("--model", default=None, help=f"hub id or local folder (default: the embedded {EMBEDDED})")
     ex.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
     ex.add_argument("--q", type=int, default=4, help="queries per step")
     ex.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
     ex.add_argument("--seq-len", type=int, default=64, help="the program's fixed prompt length")
-    ex.add_argument("--r", type=int, default=16)
-    ex.add_argument("--alpha", type=float, default=32)
+    ex.add_argument("--r", type=int, default=LORA_R, help=f"LoRA-FA rank (default {LORA_R})")
+    ex.add_argument("--alpha", type=float, default=LORA_ALPHA, help=f"LoRA alpha (default {LORA_ALPHA})")
     ex.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
     ex.add_argument("--seed", type=int, default=0, help="LoRA-A initialisation and the run's noise seeds")
     ex.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
@@ -416,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="the .pte to write (its settings go to the .json beside it)")
     ex.set_defaults(run=_export)
 
-    dt = sub.add_parser("device-train", help="train with an exported program in the ExecuTorch runtime")
+
+def _options_device_train(dt) -> None:
     dt.add_argument("--pte", required=True, help="a program written by `prge export`")
     dt.add_argument("--task", required=True)
     dt.add_argument("--steps", type=int, default=100)
@@ -445,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--out", required=True, help="where to write the JSON result")
     dt.set_defaults(run=_device_train)
 
-    db = sub.add_parser("device-bench", help="a program's step in the runtime beside the same step eager: "
-                                             "time, memory, and (--profile) where the runtime spends it")
+
+def _options_device_bench(db) -> None:
     db.add_argument("--pte", required=True, help="a program written by `prge export`")
     db.add_argument("--repeats", type=int, default=5, help="timed steps per side (the median is reported)")
     db.add_argument("--warmup", type=int, default=1)
@@ -454,10 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--out", required=True, help="where to write the JSON result")
     db.set_defaults(run=_device_bench)
 
+
+def _options_reproduce(rp) -> None:
     from prge_lib.experiments.reproduce import BACKENDS, GRIDS, PROFILES
-    rp = sub.add_parser("reproduce", help="run the cells of a paper table (resumable; chapter 7)",
-                        description="Runs every cell of a grid that has no result yet; an interrupted cell "
-                                    "resumes from its checkpoint, so rerunning continues where it stopped.")
+
     rp.add_argument("grid", choices=list(GRIDS), help="the table to reproduce")
     rp.add_argument("--profile", default="cpu", choices=PROFILES,
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
@@ -476,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
     rp.add_argument("--cpus-per-cell", type=int, default=1, help="Ray: CPUs (and torch threads) per cell")
     rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
-    rp.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M)")
+    rp.add_argument("--model", default=None, help=f"hub id or local folder (default: the embedded {EMBEDDED})")
     rp.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                     help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
                     "running training cell stops at a checkpoint that the same command resumes")
@@ -486,8 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
     rp.set_defaults(run=_reproduce)
 
+
+def _options_bench(be) -> None:
     from prge_lib.experiments.bench.methods import CONFIGS
-    be = sub.add_parser("bench", help="time and measure methods on synthetic full-length batches")
+
     be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
     be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
@@ -499,10 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", required=True, help="where to write the JSON result")
     be.set_defaults(run=_bench)
 
+
+def _options_footprint(fp) -> None:
     from prge_lib.experiments.bench.footprint import COMPARED
     from prge_lib.methods import registry
-    fp = sub.add_parser("footprint", help="memory held, step peak and step time of the training methods, each "
-                                          "built as the trainer builds it (chapter 9)")
+
     fp.add_argument("--method", default=",".join(COMPARED),
                     help=f"comma-separated, from: {', '.join(registry.names())} (default: {','.join(COMPARED)}); "
                          f"method:quant for another base, e.g. fo-lorafa:nf4")
@@ -512,7 +514,41 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--warmup", type=int, default=1)
     fp.add_argument("--out", required=True, help="where to write the JSON result")
     fp.set_defaults(run=_footprint)
-    _add_bundle_parser(sub)
+
+
+def _subcommands() -> dict:
+    """Each subcommand: its help, its description (a function: built only for that subcommand) and the function
+    that adds its options. Options are added only to the subcommand being run, so ``prge X --help`` imports
+    only what X needs."""
+    return {
+        "zeroshot": ("evaluate a task without training and write a JSON result", None, _options_zeroshot),
+        "train": ("fine-tune a task with one method and write a JSON result", _method_defaults, _options_train),
+        "export": ("export the P-RGE training step as an ExecuTorch program (chapter 10)", None, _options_export),
+        "device-train": ("train with an exported program in the ExecuTorch runtime", None, _options_device_train),
+        "device-bench": ("a program's step in the runtime beside the same step eager: time, memory, and "
+                         "(--profile) where the runtime spends it", None, _options_device_bench),
+        "reproduce": ("run the cells of a paper table (resumable; chapter 7)",
+                      "Runs every cell of a grid that has no result yet; an interrupted cell resumes from its "
+                      "checkpoint, so rerunning continues where it stopped.", _options_reproduce),
+        "bench": ("time and measure methods on synthetic full-length batches", None, _options_bench),
+        "footprint": ("memory held, step peak and step time of the training methods, each built as the trainer "
+                      "builds it (chapter 9)", None, _options_footprint),
+        "bundle": ("wheels, the embedded model and the shipped data for a machine without internet, in parts, "
+                   "with a checking install script (README)", None, _options_bundle),
+    }
+
+
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The ``prge`` parser. ``command``: the subcommand whose options are built ("*": every one, None: none);
+    the others are listed with their help but get no options, so the modules they need are not imported."""
+    parser = argparse.ArgumentParser(prog="prge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help, description, add_options) in _subcommands().items():
+        if command not in ("*", name):
+            sub.add_parser(name, help=help)
+            continue
+        p = sub.add_parser(name, help=help, description=description() if callable(description) else description)
+        add_options(p)
     return parser
 
 
@@ -523,7 +559,8 @@ _OUTPUTS = {"out": False, "save_adapter": False, "checkpoint_dir": True, "result
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in _subcommands() else None).parse_args(argv)
     record_command(shlex.join(["prge", *argv]))
     start_commit()      # the code this command runs, read before any long work begins
     try:    # every output location and every number is checked before any work starts

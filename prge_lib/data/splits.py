@@ -17,9 +17,8 @@ import torch
 
 from prge_lib.common.settings import data_dir
 from prge_lib.data.pools import DataFormatError, DataUnavailableError, jsonl_records, read_pool
-from prge_lib.data.tasks import Task
+from prge_lib.data.tasks import PROTOCOL, Task  # noqa: F401 (PROTOCOL re-exported)
 
-PROTOCOL = {"n_train": 1000, "n_val": 500, "n_test": 1000}
 
 
 def read_jsonl(path: Path, task: Task | None = None) -> list[dict]:
@@ -109,7 +108,8 @@ class TaskData:
         return {"train": len(self.train), "val": len(self.val), "test": len(self.test)}
 
 
-def sample_task(task: Task, seed: int = 0, n_train: int = 1000, n_val: int = 500, n_test: int = 1000,
+def sample_task(task: Task, seed: int = 0, n_train: int = PROTOCOL["n_train"], n_val: int = PROTOCOL["n_val"],
+                n_test: int = PROTOCOL["n_test"],
                 root: Path | None = None) -> TaskData:
     """Seeded, disjoint train / validation / test samples following the MeZO protocol (see module doc)."""
     evaluation = load_split(task, "validation", root)
@@ -117,13 +117,14 @@ def sample_task(task: Task, seed: int = 0, n_train: int = 1000, n_val: int = 500
     return sample_rows(task, train_rows, evaluation, seed, n_train, n_val, n_test)
 
 
-def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int = 1000, n_val: int = 500,
-                n_test: int = 1000) -> TaskData:
+def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int = PROTOCOL["n_train"],
+                n_val: int = PROTOCOL["n_val"], n_test: int = PROTOCOL["n_test"]) -> TaskData:
     """:func:`sample_task` on splits already read (``train_rows`` None: the task has no train split)."""
     rng = random.Random(seed)
     notes = []
     if (n_train, n_val, n_test) != tuple(PROTOCOL.values()):
-        notes.append(f"sizes {n_train}/{n_val}/{n_test} requested instead of the protocol's 1000/500/1000")
+        notes.append(f"sizes {n_train}/{n_val}/{n_test} requested instead of the protocol's "
+                     f"{'/'.join(map(str, PROTOCOL.values()))}")
     if train_rows is not None:
         order = rng.sample(range(len(train_rows)), len(train_rows))
         size = _shrunk({"train": n_train, "val": n_val}, len(train_rows))

@@ -149,6 +149,8 @@ TASKS: dict[str, Task] = {t.name: t for t in [
 ]}
 
 # The tasks of the paper's two accuracy tables (Gao et al. Tables 1 and 2); CB comes from Guo et al.
+# the MeZO sampling protocol (Malladi et al., used by Gao et al.): examples per split drawn for one seed
+PROTOCOL = {"n_train": 1000, "n_val": 500, "n_test": 1000}
 TABLE1_TASKS = ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli")
 TABLE2_TASKS = ("sst2", "rte", "boolq", "wsc", "wic", "multirc", "copa", "winogrande", "squad")
 

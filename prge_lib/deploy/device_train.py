@@ -11,8 +11,9 @@ from pathlib import Path
 
 from prge_lib.deploy.export import check_program
 from prge_lib.deploy.runtime import PythonHost, parity
-from prge_lib.training.trainer import (CHECKPOINT_NAME, TrainConfig, Trainer, build_method,
-                                       check_checkpoint_folder)
+from prge_lib.training.checkpoints import CHECKPOINT_NAME, check_checkpoint_folder
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, build_method
 from prge_lib.zo.lora import save_adapter
 
 HOSTS = ("python", "native", "native-aarch64")

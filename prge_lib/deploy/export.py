@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from prge_lib.zo.defaults import LORA_ALPHA, LORA_R
 from prge_lib.data.pools import sha256
 from prge_lib.data.splits import sample_task
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
@@ -125,7 +126,7 @@ def check_program(pte, say=None) -> dict:
 
 
 def export_training_program(task: str, out, model: str | None = None, layers: int | None = None, q: int = 4,
-                            E: int = 16, seq_len: int = 64, r: int = 16, alpha: float = 32,
+                            E: int = 16, seq_len: int = 64, r: int = LORA_R, alpha: float = LORA_ALPHA,
                             targets=None, seed: int = 0, backend: str = "xnnpack", dtype: str = "fp32") -> dict:
     """Build the P-RGE step for ``task`` on the model, export it to ``out`` (.pte) and write its settings,
     the export statistics and provenance beside it (:func:`meta_path`). Returns that record.

@@ -36,7 +36,8 @@ from prge_lib.common.paths import NATIVE_SOURCE
 from prge_lib.common.settings import cache_dir
 from prge_lib.common.provenance import atomic_file
 from prge_lib.deploy.runtime import build_program_method, step_record
-from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, TrainingDiverged
 
 SOURCE = NATIVE_SOURCE
 TARGETS = ("native", "native-aarch64")

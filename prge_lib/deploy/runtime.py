@@ -23,7 +23,8 @@ from prge_lib.models.objective import Batch, fit_width
 from prge_lib.zo.prge import PRGE, step_seeds
 from prge_lib.deploy.export import check_program_header, read_program_meta
 from prge_lib.deploy.program import TrainStep
-from prge_lib.training.trainer import TrainConfig, Trainer, build_method
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, build_method
 
 
 @contextmanager

@@ -43,14 +43,16 @@ from prge_lib.common.settings import cache_dir
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.models.loading import QUANT_MODES, load_model
+from prge_lib.models.options import EMBEDDED
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file, provenance, write_result
 from prge_lib.data.tasks import get_task
 from prge_lib.methods import registry
-from prge_lib.training.trainer import (CheckpointError, TrainConfig, Trainer, TrainingDiverged, TrainingStopped,
-                                       read_checkpoint)
+from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
-EMBEDDED_MODEL = "SmolLM2-135M-Instruct"       # what a result names when no --model was given
+EMBEDDED_MODEL = EMBEDDED       # what a result names when no --model was given
 PROFILES = ("cpu", "paper")
 BACKENDS = ("local", "ray")
 

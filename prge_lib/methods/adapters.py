@@ -22,10 +22,11 @@ from typing import Sequence
 
 import torch
 
+from prge_lib.zo.defaults import LORA_ALPHA, LORA_R
 from prge_lib.zo.lora import DEFAULT_TARGETS
 
 ADAPTERS = ("none", "lora", "lora-fa", "dora", "vera")
-DEFAULT_R = {"none": 16, "lora": 16, "lora-fa": 16, "dora": 16, "vera": 1024}
+DEFAULT_R = {"none": LORA_R, "lora": LORA_R, "lora-fa": LORA_R, "dora": LORA_R, "vera": 1024}
 # substrings of the trained parameters' names, per space (the tests check that nothing else is trained)
 TRAINED_NAMES = {"lora": ("lora_A", "lora_B"), "lora-fa": ("lora_B",),
                  "dora": ("lora_A", "lora_B", "lora_magnitude_vector"),
@@ -40,7 +41,7 @@ def check_adapter(kind: str) -> str:
 
 
 def peft_config(kind: str, targets: Sequence[str] = DEFAULT_TARGETS, r: int | None = None,
-                alpha: float = 32, seed: int = 0):
+                alpha: float = LORA_ALPHA, seed: int = 0):
     """The peft config of a space (LoRA-FA is a LoRA config; :func:`add_adapter` freezes its A)."""
     from peft import LoraConfig, VeraConfig
 
@@ -63,7 +64,7 @@ def trainable_parameters(model) -> dict[str, torch.Tensor]:
 
 
 def add_adapter(model, kind: str, targets: Sequence[str] = DEFAULT_TARGETS, r: int | None = None,
-                alpha: float = 32, seed: int | None = 0):
+                alpha: float = LORA_ALPHA, seed: int | None = 0):
     """Put parameter space ``kind`` on ``model``: returns (model to run, its trainable parameters by name).
 
     ``none`` returns the model itself with every weight trainable. Otherwise the model is wrapped with peft
@@ -100,7 +101,7 @@ def add_adapter(model, kind: str, targets: Sequence[str] = DEFAULT_TARGETS, r: i
     return model, trainable_parameters(model)
 
 
-def add_peft_lorafa(model, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32,
+def add_peft_lorafa(model, targets: Sequence[str] = DEFAULT_TARGETS, r: int = LORA_R, alpha: float = LORA_ALPHA,
                     seed: int | None = None):
     """peft LoRA on ``targets`` with every LoRA-A frozen (LoRA-FA). Returns the peft model.
 

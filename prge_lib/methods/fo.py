@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from prge_lib.zo.defaults import LORA_ALPHA, LORA_R
 from prge_lib.methods.adapters import add_peft_lorafa  # noqa: F401  (re-exported: LoRA-FA lives in adapters)
 from prge_lib.zo.lora import DEFAULT_TARGETS
 from prge_lib.models.loading import is_quantized
@@ -27,7 +28,7 @@ class FirstOrder:
     :class:`prge_lib.methods.base.Method`: nothing to record in ``settings``, no phases in ``times``)."""
 
     def __init__(self, model, lr: float, optimizer: str = "adam", lorafa: bool = False,
-                 targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16, alpha: float = 32):
+                 targets: Sequence[str] = DEFAULT_TARGETS, r: int = LORA_R, alpha: float = LORA_ALPHA):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if not (lr > 0 and math.isfinite(lr)):

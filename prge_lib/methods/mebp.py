@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prge_lib.zo.defaults import LORA_ALPHA, LORA_R
 from prge_lib.zo.lora import DEFAULT_TARGETS
 from prge_lib.models.objective import Batch, target_losses
 from prge_lib.models.quant import NF4Weight
@@ -85,7 +86,7 @@ class LazyLoRALinear(nn.Module):
         return y
 
 
-def add_lazy_lora(model, quant: str = "nf4", r: int = 16, alpha: float = 32,
+def add_lazy_lora(model, quant: str = "nf4", r: int = LORA_R, alpha: float = LORA_ALPHA,
                   targets: Sequence[str] = DEFAULT_TARGETS, seed: int = 0) -> list[list[LazyLoRALinear]]:
     """Replace every linear layer of each decoder block (``model.model.layers``) by a
     :class:`LazyLoRALinear` (LoRA on the names in ``targets``); freeze the rest of the model. Returns the
@@ -133,7 +134,7 @@ class MeBP:
     (:data:`PHASES`) over the steps, for the share spent dequantizing and reading (seed 004 Table 2).
     """
 
-    def __init__(self, model, lr: float, r: int = 16, alpha: float = 32,
+    def __init__(self, model, lr: float, r: int = LORA_R, alpha: float = LORA_ALPHA,
                  targets: Sequence[str] = DEFAULT_TARGETS, quant: str = "nf4",
                  mmap_dir: str | os.PathLike | None = None, seed: int = 0, keep_checkpoints: bool = False):
         if not (lr > 0 and math.isfinite(lr)):

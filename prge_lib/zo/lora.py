@@ -27,14 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R, NOISE_SOURCES  # noqa: F401 (re-exported)
 from prge_lib.zo.prng import counter_normal
 from prge_lib.common.provenance import atomic_file
 from prge_lib.zo.rge import gaussian
 
-# Every attention and MLP projection of Llama-style models (SmolLM2, TinyLlama, Llama 2).
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# where a layer's noise comes from: torch's generator (prge_lib.zo.rge.gaussian) or the counter generator
-NOISE_SOURCES = ("torch", "counter")
 
 
 def check_noise_source(noise: str) -> str:
@@ -47,7 +44,7 @@ def check_noise_source(noise: str) -> str:
 class LoRAFALinear(nn.Module):
     """A frozen linear layer (plain, INT8 or NF4) plus a LoRA-FA path with ``n`` noise copies of B."""
 
-    def __init__(self, base: nn.Module, r: int = 16, alpha: float = 32, index: int = 0,
+    def __init__(self, base: nn.Module, r: int = LORA_R, alpha: float = LORA_ALPHA, index: int = 0,
                  generator: torch.Generator | None = None, noise: str = "torch"):
         super().__init__()
         if r < 1:
@@ -126,8 +123,8 @@ class LoRAFALinear(nn.Module):
         return grouped.reshape(out.shape)
 
 
-def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r: int = 16,
-                  alpha: float = 32, seed: int = 0, noise: str = "torch") -> list[LoRAFALinear]:
+def inject_lorafa(model: nn.Module, targets: Sequence[str] = DEFAULT_TARGETS, r: int = LORA_R,
+                  alpha: float = LORA_ALPHA, seed: int = 0, noise: str = "torch") -> list[LoRAFALinear]:
     """Wrap every linear layer whose attribute name is in ``targets`` with :class:`LoRAFALinear` and freeze
     everything else. Returns the new layers in model order (their ``index`` is their position).
     ``noise`` picks the generator of the perturbations (``prge_lib.zo.rge.gaussian``)."""

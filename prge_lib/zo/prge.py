@@ -22,14 +22,10 @@ import torch
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
 from prge_lib.models.objective import Batch, copy_losses
 from prge_lib.zo.estimator import ZerothOrder, step_seeds  # noqa: F401  (step_seeds: re-exported)
+from prge_lib.zo.defaults import KEEP_NOISE_BUDGET_MIB
 from prge_lib.zo.rge import check_zo_dtype
 
 
-# The trainer keeps each step's noise for the update (instead of redrawing it from the seeds) when the q·d
-# floats fit in this many MiB: redrawing costs as much time as the first draw, which grows with q (chapter 5
-# measures it), while keeping holds q·d floats during the step: 152 MiB at q = 16 for SmolLM2-135M
-# (d = 2.49 M), 38 MiB at q = 4. TinyLlama-1.1B at q = 16 (385 MiB) redraws, as the paper's design does.
-KEEP_NOISE_BUDGET_MIB = 256
 
 
 def keeps_noise(layers: Sequence[LoRAFALinear], q: int, keep_noise: bool | None = None) -> bool:

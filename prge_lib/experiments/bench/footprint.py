@@ -28,7 +28,8 @@ from prge_lib.common.measure import PeakMemory, release_memory, status_kib, time
 from prge_lib.models.loading import QUANT_MODES, load_model
 from prge_lib.models.objective import synthetic_batch
 from prge_lib.methods import registry
-from prge_lib.training.trainer import TrainConfig, build_method
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import build_method
 
 COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")     # the default selection; any registered method runs
 

@@ -26,7 +26,8 @@ from prge_lib.models.loading import load_model
 from prge_lib.models.objective import collate, encode_example, row_losses, synthetic_batch
 from prge_lib.zo.rge import check_zo_settings
 from prge_lib.data.tasks import get_task
-from prge_lib.training.trainer import TrainConfig, build_method
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import build_method
 
 FO_LR = 1e-5        # the first-order configurations' step size (any positive value times the same)
 CONFIGS = {
