@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prge_lib.deploy.export import read_program_meta
-from prge_lib.deploy.runtime import PythonHost, parity
+from prge_lib.deploy.runtime import PythonHost
 from prge_lib.training.trainer import TrainConfig, Trainer, build_method
 from prge_lib.zo.lora import save_adapter
 
