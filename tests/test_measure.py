@@ -48,3 +48,15 @@ def test_a_worker_pinned_from_its_start_meters_live_tensors_despite_earlier_hole
     peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     # live at most 30 MiB; metered by PeakMemory alone (pinned only at start()) it reads 48: the kept chunk too
     assert 27 < peak < 40, peak
+
+
+def test_median_s_is_the_median_of_the_timed_calls_after_the_warmup(monkeypatch):
+    from types import SimpleNamespace
+
+    from prge_lib.common import measure
+
+    clock = iter([0.0, 10.0, 19.0, 20.0, 21.0, 30.0, 34.0, 40.0, 42.0])   # warm-up start, then 9, 1, 4, 2 s
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    calls = []
+    assert measure.median_s(lambda: calls.append(1), repeats=4, warmup=1) == 3.0   # (2 + 4) / 2
+    assert len(calls) == 5

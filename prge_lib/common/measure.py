@@ -11,6 +11,7 @@ import ctypes
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -39,6 +40,14 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)   # hand freed heap pages back, so RSS reflects live memory
     except (OSError, AttributeError):
         pass
+
+
+def held_mib(device: torch.device) -> float:
+    """Memory held now (MiB): the CUDA allocator's, or the process's resident set after a trim."""
+    release_memory()
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated() / 2**20
+    return (status_kib("VmRSS") or 0) / 1024
 
 
 M_MMAP_THRESHOLD = -3          # mallopt parameter (glibc malloc.h)
@@ -130,6 +139,11 @@ def time_steps(step: Callable[[int], object], repeats: int, warmup: int, cuda: b
         if t >= first + warmup:
             times.append(time.perf_counter() - start)
     return times
+
+
+def median_s(fn: Callable[[], object], repeats: int, warmup: int = 1, cuda: bool = False) -> float:
+    """Median wall time in seconds of ``repeats`` calls fn() after ``warmup`` untimed ones (:func:`time_steps`)."""
+    return statistics.median(time_steps(lambda t: fn(), repeats, warmup, cuda))
 
 
 LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(PINNED_THRESHOLD)}   # glibc reads it at start: pinned from the first block

@@ -155,8 +155,11 @@ def lorafa_layers(model: nn.Module) -> list[LoRAFALinear]:
 
 
 @contextmanager
-def perturbed(layers: Sequence[LoRAFALinear], copies: Sequence[tuple[int, float]]):
-    """Within the block, a forward's batch is read as len(copies) groups; group c uses B + s_c · z(seed_c)."""
+def perturbed(layers: Sequence[nn.Module], copies: Sequence[tuple[int, float]]):
+    """Within the block, a forward's batch is read as len(copies) groups; group c uses B + s_c · z(seed_c).
+
+    ``layers``: LoRA-FA layers, or any layers whose forward reads ``copies`` the same way (SensZOQ's sparse
+    values, :class:`prge_lib.methods.senszoq.sparse.SparseDenseLinear`: values + s_c · z(seed_c))."""
     for layer in layers:
         layer.copies = list(copies)
     try:

@@ -81,6 +81,14 @@ def mezo_step(params: Sequence[torch.Tensor], loss: Callable[[], float], seeds: 
     return {"loss_plus": plus, "loss_minus": minus, "projected_grad": grads, "finite": finite}
 
 
+def step_record(out: dict) -> dict:
+    """The trainer's record of a step's result ``out`` (the q losses ℓ⁺ and ℓ⁻ and the projected gradients, as
+    :func:`mezo_step` returns them): the mean of the 2q losses, whether all were finite, and the gradients."""
+    q = len(out["loss_plus"])
+    return {"loss": (sum(out["loss_plus"]) + sum(out["loss_minus"])) / (2 * q),
+            "finite": out["finite"], "projected_grad": out["projected_grad"]}
+
+
 class MeZOFull(ZerothOrder):
     """MeZO with the seed trick over every weight of the model, or a chosen subset (Gao et al. Alg. 3)."""
 
@@ -99,7 +107,5 @@ class MeZOFull(ZerothOrder):
         return self.params
 
     def step(self, batch: Batch, t: int) -> dict:
-        out = mezo_step(list(self.params.values()), lambda: row_losses(self.model, batch).mean(),
-                        step_seeds(self.seed, t, self.q), self.eps, self.lr)
-        return {"loss": (sum(out["loss_plus"]) + sum(out["loss_minus"])) / (2 * self.q),
-                "finite": out["finite"], "projected_grad": out["projected_grad"]}
+        return step_record(mezo_step(list(self.params.values()), lambda: row_losses(self.model, batch).mean(),
+                                     step_seeds(self.seed, t, self.q), self.eps, self.lr))

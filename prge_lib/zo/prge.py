@@ -63,17 +63,25 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
         return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
 
 
-def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
+def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
+                     inner: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The 2q losses of a step's copies (s_i, ±ε), forwarded in the groups of :func:`forward_groups` with
+    ``layers`` :func:`perturbed`: a (2, q) tensor of ``dtype`` (row 0 ℓ⁺, row 1 ℓ⁻), the projected gradients
+    g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) in that dtype, and whether every loss is finite.
+    ``layers``: LoRA-FA layers, or any layers that read ``copies`` the same way (SensZOQ's sparse values)."""
     q = len(seeds)
-    losses = torch.empty(2, q)
+    losses = torch.empty(2, q, dtype=dtype)
     for group in forward_groups(q, outer, inner):
-        copies = [(seeds[i], sign * eps) for i, sign in group]
-        with perturbed(layers, copies):
+        with perturbed(layers, [(seeds[i], sign * eps) for i, sign in group]):
             values = copy_losses(model, batch.repeat(len(group)), len(group)).cpu()
         for (i, sign), value in zip(group, values):
             losses[0 if sign > 0 else 1, i] = value
-    g = (losses[0] - losses[1]) / (2 * eps)
-    finite = bool(torch.isfinite(losses).all())
+    return losses, (losses[0] - losses[1]) / (2 * eps), bool(torch.isfinite(losses).all())
+
+
+def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
+    q = len(seeds)
+    losses, g, finite = two_point_losses(model, layers, batch, seeds, eps, outer, inner)
     if update and finite:
         for layer in layers:
             for seed, gi in zip(seeds, g.tolist()):

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from prge_lib.common.measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
+from prge_lib.common.measure import PeakMemory, held_mib, time_steps, timed_and_metered
 from prge_lib.models.loading import QUANT_MODES, load_model
 from prge_lib.models.objective import synthetic_batch
 from prge_lib.methods import registry
@@ -43,14 +43,6 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     if quant and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r} in {spec!r}; choose from {list(QUANT_MODES)}")
     return method, ({"quant": quant} if quant else {})
-
-
-def held_mib(device: torch.device) -> float:
-    """Memory held now (MiB): the CUDA allocator's, or the process's resident set after a trim."""
-    release_memory()
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated() / 2**20
-    return (status_kib("VmRSS") or 0) / 1024
 
 
 def method_config(method: str, rows: int, **settings) -> TrainConfig:

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from prge_lib.common.measure import PeakMemory, release_memory, status_kib, time_steps, timed_and_metered
+from prge_lib.common.measure import PeakMemory, held_mib, time_steps, timed_and_metered
 from prge_lib.methods.mebp import PHASES, MeBP, add_lazy_lora, lm_batches
 from prge_lib.models.objective import row_losses
 
@@ -51,13 +51,6 @@ class PlainLoRA:
         return {"loss": float(loss.detach()), "finite": True}
 
 
-def _held_mib(device: torch.device) -> float:
-    release_memory()
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated() / 2**20
-    return (status_kib("VmRSS") or 0) / 1024
-
-
 def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, warmup: int = 1,
                    device: str = "cpu", lr: float = 1e-4, meter: bool = False) -> dict:
     """One configuration in this process: held memory and step times, or with ``meter`` held memory and the
@@ -67,7 +60,7 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
     if config not in CONFIGS:
         raise ValueError(f"unknown configuration {config!r}; choose one of {list(CONFIGS)}")
     dev = torch.device(device)
-    before = _held_mib(dev)
+    before = held_mib(dev)
     model, tokenizer = load_model(device=device)
     with torch.no_grad():   # private copies: the weights then count as this process's memory, not as pages
         for param in model.parameters():        # of the cached file that the embedding keeps mapped
@@ -77,7 +70,7 @@ def measure_config(config: str, seq_len: int, batch_size: int, steps: int = 2, w
     method = MeBP(model, lr, quant=quant) if family == "mebp" else PlainLoRA(model, lr, quant)
     losses = []
     time_steps(lambda t: losses.append(method.step(batch, t)["loss"]), 0, warmup, dev.type == "cuda")
-    held = _held_mib(dev) - before
+    held = held_mib(dev) - before
     tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tensors += sum(layer.nf4.nbytes() for layer in model.modules() if getattr(layer, "nf4", None) is not None)
     tensors += sum(v.numel() * v.element_size() for state in method.optimizer.state.values()

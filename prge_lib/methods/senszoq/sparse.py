@@ -13,7 +13,6 @@ Training is MeZO (``mezo.mezo_step``: seed trick, two-point estimate, q queries)
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 from typing import Mapping, Sequence
 
 import torch
@@ -21,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from prge_lib.common.measure import time_steps
-from prge_lib.zo.mezo import add_noise_, mezo_step
-from prge_lib.models.objective import Batch, copy_losses, row_losses, synthetic_batch
+from prge_lib.zo.mezo import add_noise_, mezo_step, step_record
+from prge_lib.models.objective import Batch, row_losses, synthetic_batch
 from prge_lib.zo.estimator import ZerothOrder, step_seeds
-from prge_lib.zo.prge import forward_groups
+from prge_lib.zo.prge import two_point_losses
 from prge_lib.models.quant import NF4Weight
 from prge_lib.zo.rge import check_zo_dtype, gaussian
 from prge_lib.methods.senszoq.sensitivity import build_mask, c4_mask, linear_weights, mask_size, task_fisher
@@ -65,8 +64,8 @@ class SparseDenseLinear(nn.Module):
         self.nf4 = NF4Weight(remainder) if quant == "nf4" else None
         self.register_buffer("dense_weight", None if self.nf4 else remainder)
         self.bias = linear.bias
-        self.copies: list[tuple[int, float]] | None = None           # (seed, ±ε) per row group (parallel)
-        self.position = 0                                            # its noise index (set by perturbed)
+        self.copies: list[tuple[int, float]] | None = None           # (seed, ±ε) per row group, set by perturbed()
+        self.position = 0                                            # its noise index (set by sparsify)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, k={self.values.numel()}, "
@@ -133,6 +132,7 @@ def sparsify(model: nn.Module, mask: Mapping[str, torch.Tensor], quant: str = "n
     for name, linear in found.items():
         if name in mask:
             layer = SparseDenseLinear(linear, mask[name], quant, mode, name)
+            layer.position = len(layers)     # z drawn as add_noise_ draws it for the list of the layers' values
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, layer)
             layers.append(layer)
@@ -145,36 +145,18 @@ def set_mode(layers: Sequence[SparseDenseLinear], mode: str) -> None:
         layer.mode = _check(mode, MODES, "mode")
 
 
-@contextmanager
-def perturbed(layers: Sequence[SparseDenseLinear], copies: Sequence[tuple[int, float]]):
-    """Within the block a forward's batch is read as len(copies) row groups, group c perturbed by s_c z_c,
-    z_c drawn as ``add_noise_`` draws it for the list of the layers' values (noise index = list position)."""
-    for position, layer in enumerate(layers):
-        layer.copies, layer.position = list(copies), position
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.copies = None
-
-
 @torch.no_grad()
 def parallel_step(model, layers: Sequence[SparseDenseLinear], batch: Batch, seeds: Sequence[int], eps: float,
                   lr: float, outer: bool = True, inner: bool = True) -> dict:
     """The step of :func:`mezo.mezo_step` with P-RGE's query copies in shared forwards (Gao et al. Alg. 1):
-    the dense product of all rows is shared, each copy adds its own sparse product x (ε z_c)ᵀ (Eq. 21)."""
-    q, losses = len(seeds), torch.empty(2, len(seeds), dtype=torch.float64)
-    for group in forward_groups(q, outer, inner):
-        with perturbed(layers, [(seeds[i], sign * eps) for i, sign in group]):
-            values = copy_losses(model, batch.repeat(len(group)), len(group)).double().cpu()
-        for (i, sign), value in zip(group, values):
-            losses[0 if sign > 0 else 1, i] = value
+    the dense product of all rows is shared, each copy adds its own sparse product x (ε z_c)ᵀ (Eq. 21).
+    ``layers`` in :func:`sparsify`'s order (each draws its z at its place in that list, as ``mezo_step`` does)."""
+    losses, g, finite = two_point_losses(model, layers, batch, seeds, eps, outer, inner, torch.float64)
     plus, minus = losses.tolist()
-    grads = [(lp - lm) / (2 * eps) for lp, lm in zip(plus, minus)]
-    finite = bool(torch.isfinite(losses).all())
+    grads = g.tolist()
     if finite:
-        for seed, g in zip(seeds, grads):
-            add_noise_([layer.values for layer in layers], seed, -lr * g / q)   # mezo_step's update
+        for seed, gi in zip(seeds, grads):
+            add_noise_([layer.values for layer in layers], seed, -lr * gi / len(seeds))   # mezo_step's update
     return {"loss_plus": plus, "loss_minus": minus, "projected_grad": grads, "finite": finite}
 
 
@@ -206,8 +188,7 @@ class SensZOQ(ZerothOrder):
         else:
             out = mezo_step([layer.values for layer in self.layers],
                             lambda: row_losses(self.model, batch).mean(), seeds, self.eps, self.lr)
-        return {"loss": (sum(out["loss_plus"]) + sum(out["loss_minus"])) / (2 * self.q),
-                "finite": out["finite"], "projected_grad": out["projected_grad"]}
+        return step_record(out)
 
 
 def build_senszoq(model, tokenizer, *, mask="c4", sparsity: float = 1e-3, scope: str = "layer",
