@@ -167,6 +167,12 @@ def test_a_stopped_pack_resumes_to_the_uninterrupted_trajectories(tiny_factory, 
     with pytest.raises(KeyboardInterrupt):
         broken.run()
     assert [torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in folders] == [2, 2, 2]
+    # the last run's folder holds a checkpoint, the others are new: neither resume nor restart is refused
+    # before any run starts
+    again = packed(tiny_factory, tokenizer, task_data, runs, [tmp_path / "new0", tmp_path / "new1", folders[2]])
+    with pytest.raises(ValueError, match="already holds the checkpoint of a run at step 2"):
+        again.run()
+    assert [t.history["evals"] for t in again.trainers] == [[], [], []]
     resumed = packed(tiny_factory, tokenizer, task_data, runs, folders).run(resume=True)
     for a, b in zip(resumed, whole):
         assert a["losses"] == b["losses"] and a["projected_grad"] == b["projected_grad"]   # identical

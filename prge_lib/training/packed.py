@@ -27,7 +27,7 @@ from prge_lib.common.provenance import provenance, start_commit, write_result
 from prge_lib.data.splits import TaskData
 from prge_lib.methods import registry
 from prge_lib.models.loading import load_model, truncate_layers
-from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
+from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, check_checkpoint_folder
 from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
@@ -111,6 +111,8 @@ class PackedTrainer:
         """Train every run to its steps and return one result per run (in config order). ``resume``,
         ``restart`` and ``deadline`` mean what they mean for ``Trainer.run``, for every run's checkpoint;
         at the deadline every unfinished run is checkpointed and :class:`PackStopped` raised."""
+        for trainer in self.trainers:       # every folder checked before any run starts or discards its own
+            check_checkpoint_folder(trainer.checkpoint_path(), resume, restart)
         for r, trainer in enumerate(self.trainers):
             with self.pack.solo(r):
                 trainer.begin(resume, restart)
