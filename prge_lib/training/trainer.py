@@ -190,13 +190,10 @@ class Trainer:
         torch.set_rng_state(payload["rng"]["torch"])
         _set_python_rng_state(payload["rng"]["python"])
 
-    # ----- the loop
-    def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict:
-        """Train to ``config.steps`` and return :meth:`summary`. ``deadline`` (a ``time.time()`` value): once
-        passed, stop after the current step with a checkpoint there (:class:`TrainingStopped`). An existing
-        checkpoint is continued with ``resume`` or discarded with ``restart``; with neither, the run refuses to
-        start over it (:func:`check_checkpoint_folder`)."""
-        c = self.config
+    # ----- the loop (its parts are shared with packed runs, prge_lib.training.packed)
+    def begin(self, resume: bool = False, restart: bool = False) -> None:
+        """What precedes the first step: the checkpoint folder's check, then the checkpoint resumed (``resume``)
+        or discarded (``restart``), else the evaluation at step 0."""
         check_checkpoint_folder(self.checkpoint_path(), resume, restart)
         if restart and self.checkpoint_path() is not None:
             self.checkpoint_path().unlink(missing_ok=True)
@@ -205,8 +202,43 @@ class Trainer:
             # a result put together over several sittings says where each later one began (its wall time
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
-        elif c.eval_every:
+        elif self.config.eval_every:
             self.record_evaluation(0)
+
+    def diverged(self, t: int, record: dict) -> TrainingDiverged:
+        """Step ``t`` gave a non-finite loss (its update was not applied): save the last good state and return
+        the error that says so."""
+        saved = self.save_checkpoint()
+        where = f"the last good state (after step {t}) is in {saved}" if saved else \
+            "no checkpoint folder was given, so nothing was saved"
+        return TrainingDiverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the "
+                                f"update was not applied and training stopped; {where}. Lower "
+                                f"the learning rate (now {self.config.lr}) or ε.")
+
+    def record_step(self, t: int, record: dict, took: float) -> dict:
+        """Book the finite step ``t`` (its record, ``took`` seconds), evaluate and checkpoint where the schedule
+        says; returns the progress bar's postfix."""
+        c = self.config
+        self.step = t + 1
+        self.elapsed["train_s"] += took
+        self.history["losses"].append(record["loss"])
+        self.history["step_time_s"].append(round(took, 5))
+        if "projected_grad" in record:
+            self.history["projected_grad"].append(record["projected_grad"])
+        postfix = {"loss": f"{record['loss']:.3f}"}
+        if c.eval_every and self.step % c.eval_every == 0:
+            postfix["val"] = f"{self.record_evaluation(self.step)['val']:.3f}"
+        if c.checkpoint_every and self.step % c.checkpoint_every == 0:
+            self.save_checkpoint()
+        return postfix
+
+    def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict:
+        """Train to ``config.steps`` and return :meth:`summary`. ``deadline`` (a ``time.time()`` value): once
+        passed, stop after the current step with a checkpoint there (:class:`TrainingStopped`). An existing
+        checkpoint is continued with ``resume`` or discarded with ``restart``; with neither, the run refuses to
+        start over it (:func:`check_checkpoint_folder`)."""
+        c = self.config
+        self.begin(resume, restart)
         bar = tqdm(total=c.steps, initial=self.step, desc=f"{c.method} {self.task.name}",
                    disable=not self.progress)
         while self.step < c.steps:
@@ -215,25 +247,9 @@ class Trainer:
             record = self.method.step(self.batch(t), t)
             took = time.perf_counter() - start
             if not record["finite"]:
-                saved = self.save_checkpoint()
                 bar.close()
-                where = f"the last good state (after step {t}) is in {saved}" if saved else \
-                    "no checkpoint folder was given, so nothing was saved"
-                raise TrainingDiverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the "
-                                       f"update was not applied and training stopped; {where}. Lower "
-                                       f"the learning rate (now {c.lr}) or ε.")
-            self.step = t + 1
-            self.elapsed["train_s"] += took
-            self.history["losses"].append(record["loss"])
-            self.history["step_time_s"].append(round(took, 5))
-            if "projected_grad" in record:
-                self.history["projected_grad"].append(record["projected_grad"])
-            postfix = {"loss": f"{record['loss']:.3f}"}
-            if c.eval_every and self.step % c.eval_every == 0:
-                postfix["val"] = f"{self.record_evaluation(self.step)['val']:.3f}"
-            if c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                self.save_checkpoint()
-            bar.set_postfix(postfix)
+                raise self.diverged(t, record)
+            bar.set_postfix(self.record_step(t, record, took))
             bar.update(1)
             if deadline is not None and time.time() >= deadline and self.step < c.steps:
                 bar.close()

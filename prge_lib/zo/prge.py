@@ -80,13 +80,29 @@ def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int]
 
 
 def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
+    losses, _, _ = two_point_losses(model, layers, batch, seeds, eps, outer, inner)
+    return estimate_and_update(layers, seeds, losses, eps, lr, update)
+
+
+def estimate_and_update(layers: Sequence[LoRAFALinear], seeds: Sequence[int], losses: torch.Tensor, eps: float,
+                        lr: float, update: bool = True) -> dict:
+    """Alg. 1 lines 11 and 14 from the (2, q) losses ℓ⁺ (row 0) and ℓ⁻ (row 1) of a step: g and, when every
+    loss is finite and ``update`` is set, B ← B − (η/q) Σ_i g_i z_i. Shared by the step above and by packed
+    runs (:mod:`prge_lib.zo.packing`), which get their losses from a forward shared with other runs."""
     q = len(seeds)
-    losses, g, finite = two_point_losses(model, layers, batch, seeds, eps, outer, inner)
+    g = (losses[0] - losses[1]) / (2 * eps)
+    finite = bool(torch.isfinite(losses).all())
     if update and finite:
         for layer in layers:
             for seed, gi in zip(seeds, g.tolist()):
                 layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+def step_record(out: dict) -> dict:
+    """The trainer's record of a step from :func:`estimate_and_update`'s output: mean loss, finite, g."""
+    return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
+            "projected_grad": out["projected_grad"].tolist()}
 
 
 class PRGE(ZerothOrder):
@@ -104,5 +120,4 @@ class PRGE(ZerothOrder):
     def step(self, batch: Batch, t: int) -> dict:
         out = prge_step(self.model, self.layers, batch, step_seeds(self.seed, t, self.q), self.eps, self.lr,
                         self.outer, self.inner, keep_noise=self.keep_noise)
-        return {"loss": float((out["loss_plus"] + out["loss_minus"]).mean() / 2), "finite": out["finite"],
-                "projected_grad": out["projected_grad"].tolist()}
+        return step_record(out)

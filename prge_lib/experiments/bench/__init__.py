@@ -1,3 +1,4 @@
 """Benchmarks: the methods' step time and memory (``methods``), their footprint (``footprint``), MeBP's
-(``mebp``) and an exported program's step against the eager one (``program``).
+(``mebp``), an exported program's step against the eager one (``program``) and packed ZO runs against the
+same runs alone (``packing``).
 """

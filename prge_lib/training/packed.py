@@ -1,0 +1,168 @@
+"""Packed training: R ZO runs of one base model trained side by side, every step of all of them in one forward
+(``prge_lib.zo.packing``; chapter 5's outer loop, one axis further).
+
+Each run is what :class:`~prge_lib.training.trainer.Trainer` would make of its config: its own data sample and
+order, noise seeds, evaluation schedule, checkpoint folder and result, with the same fields as ``Trainer.run()``
+(plus ``status`` as the reproduction runner records it, and ``packed``: the pack it ran in). The bookkeeping is
+the trainer's own (a ``Trainer`` per run drives it); only the step is shared. What the runs must share is the
+model they train: ``model``, ``dtype``, ``quant``, ``device``, ``layers`` and ``targets``; tasks, q, E, ε, lr,
+seeds, rank, α, noise source and step counts may all differ. Methods: ``prge`` and ``mezo-lorafa`` (P-RGE with
+q = 1). A pack's step runs every copy of every run in one forward, whatever a run's ``outer``/``inner``
+switches say: they change the speed of an unpacked run, not its numbers beyond float rounding (chapter 5).
+
+A run that reaches its steps leaves the pack; a run whose loss turns non-finite is recorded as diverged (the
+last good state in its checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go
+on. ``step_time_s`` of a packed run is the time of the whole pack's step it took part in.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from prge_lib.common.provenance import provenance, start_commit, write_result
+from prge_lib.data.splits import TaskData
+from prge_lib.methods import registry
+from prge_lib.models.loading import load_model, truncate_layers
+from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, check_checkpoint_folder
+from prge_lib.zo.packing import build_pack
+
+PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
+SHARED = ("model", "dtype", "quant", "device", "layers", "targets")   # what every run of a pack must agree on
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"    # what a result names when no model was given (as the runner writes)
+
+
+class PackStopped(RuntimeError):
+    """The pack reached its deadline: it stopped after a step with every unfinished run's checkpoint saved, so
+    the same pack resumes from them (``resume``)."""
+
+    def __init__(self, runs: dict[str, tuple[int, int, Path | None]]):
+        self.runs = runs
+        where = "; ".join(f"{name} at step {step} of {steps} ({path or 'no checkpoint folder'})"
+                          for name, (step, steps, path) in runs.items())
+        super().__init__(f"stopped by the time limit: {where}")
+
+
+def run_name(config: TrainConfig) -> str:
+    """A run's name in a pack: method, task, q, lr and seed."""
+    return f"{config.method}_{config.task}_q{config.q}_lr{config.lr:g}_seed{config.seed}"
+
+
+def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
+    """The resolved configs, if they can share one model's forward; otherwise a ValueError naming the run and the
+    setting."""
+    if not configs:
+        raise ValueError("a pack needs at least one run config")
+    resolved = [c.resolved() for c in configs]
+    for i, c in enumerate(resolved):
+        if c.method not in PACKABLE:
+            raise ValueError(f"run {i}: method {c.method!r} cannot be packed; choose one of {list(PACKABLE)}")
+        if c.program is not None:
+            raise ValueError(f"run {i}: a config with a program trains through the runtime host, not in a pack")
+        for key in SHARED:
+            if getattr(c, key) != getattr(resolved[0], key):
+                raise ValueError(f"run {i}: {key} = {getattr(c, key)!r}, but run 0 has {getattr(resolved[0], key)!r}; "
+                                 f"the runs of a pack train one model and must agree on {list(SHARED)}")
+    return resolved
+
+
+class PackedTrainer:
+    """Train the runs of ``configs`` together (see the module docstring). ``data[r]`` and ``checkpoint_dirs[r]``
+    are run r's (None: sampled by its seed / no checkpoints); ``names`` default to :func:`run_name`."""
+
+    def __init__(self, configs: Sequence[TrainConfig], model=None, tokenizer=None,
+                 data: Sequence[TaskData | None] | None = None,
+                 checkpoint_dirs: Sequence[str | os.PathLike | None] | None = None,
+                 names: Sequence[str] | None = None, progress: bool = True):
+        configs = check_packable(configs)
+        count = len(configs)
+        data = list(data) if data is not None else [None] * count
+        checkpoint_dirs = list(checkpoint_dirs) if checkpoint_dirs is not None else [None] * count
+        self.names = list(names) if names is not None else [run_name(c) for c in configs]
+        for what, given in (("data", data), ("checkpoint_dirs", checkpoint_dirs), ("names", self.names)):
+            if len(given) != count:
+                raise ValueError(f"{what}: {len(given)} given for {count} runs")
+        if len(set(self.names)) != count:
+            raise ValueError(f"the runs of a pack need distinct names, got {self.names}")
+        folders = [Path(d).resolve() for d in checkpoint_dirs if d is not None]
+        if len(set(folders)) != len(folders):
+            raise ValueError(f"two runs share a checkpoint folder: {[str(f) for f in folders]}")
+        start_commit()
+        first = configs[0]
+        if model is None or tokenizer is None:
+            quant = registry.get(first.method).load_quant(first.quant)
+            model, tokenizer = load_model(first.model, dtype=first.dtype, quant=quant, device=first.device)
+        if first.layers is not None:
+            truncate_layers(model, first.layers)
+        self.pack = build_pack(model, [{"targets": c.targets, "r": c.r, "alpha": c.alpha, "seed": c.seed,
+                                        "noise": c.noise, "q": c.q, "eps": c.eps, "lr": c.lr,
+                                        "keep_noise": c.keep_noise} for c in configs],
+                               tokenizer.pad_token_id)
+        self.trainers = [Trainer(c, model, tokenizer, d, folder, progress=False,
+                                 method_builder=lambda c, m, r=r: self.pack.method(r))
+                         for r, (c, d, folder) in enumerate(zip(configs, data, checkpoint_dirs))]
+        self.model, self.tokenizer, self.progress = model, tokenizer, progress
+        self.diverged: dict[int, TrainingDiverged] = {}
+
+    def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> list[dict]:
+        """Train every run to its steps and return one result per run (in config order). ``resume``,
+        ``restart`` and ``deadline`` mean what they mean for ``Trainer.run``, for every run's checkpoint;
+        at the deadline every unfinished run is checkpointed and :class:`PackStopped` raised."""
+        for trainer in self.trainers:       # every folder checked before any run starts or discards its own
+            check_checkpoint_folder(trainer.checkpoint_path(), resume, restart)
+        for r, trainer in enumerate(self.trainers):
+            with self.pack.solo(r):
+                trainer.begin(resume, restart)
+        active = [r for r, trainer in enumerate(self.trainers) if trainer.step < trainer.config.steps]
+        bar = tqdm(total=max(t.config.steps for t in self.trainers), initial=min(t.step for t in self.trainers),
+                   desc=f"pack of {len(self.trainers)}", disable=not self.progress)
+        while active:
+            work = {r: (self.trainers[r].batch(self.trainers[r].step), self.trainers[r].step) for r in active}
+            start = time.perf_counter()
+            records = self.pack.step(work)
+            took = time.perf_counter() - start
+            for r in list(active):
+                trainer, t = self.trainers[r], work[r][1]
+                if not records[r]["finite"]:
+                    self.diverged[r] = trainer.diverged(t, records[r])
+                    active.remove(r)
+                    continue
+                with self.pack.solo(r):
+                    trainer.record_step(t, records[r], took)
+                if trainer.step >= trainer.config.steps:
+                    active.remove(r)
+            bar.update(1)
+            if deadline is not None and time.time() >= deadline and active:
+                bar.close()
+                stopped = {}
+                for r in active:
+                    trainer = self.trainers[r]
+                    stopped[self.names[r]] = (trainer.step, trainer.config.steps, trainer.save_checkpoint())
+                raise PackStopped(stopped)
+        bar.close()
+        return [self.result(r) for r in range(len(self.trainers))]
+
+    def result(self, r: int) -> dict:
+        """Run ``r``'s result: ``Trainer.summary()`` (evaluated on run r's adapter alone), its status, model and
+        the pack it ran in."""
+        trainer = self.trainers[r]
+        with self.pack.solo(r):
+            result = trainer.summary()
+        result["status"] = "diverged" if r in self.diverged else "finished"
+        if r in self.diverged:
+            result["diverged"] = str(self.diverged[r])
+        result["model"] = trainer.config.model or EMBEDDED_MODEL
+        result["packed"] = {"runs": len(self.trainers), "index": r, "name": self.names[r],
+                            "with": [name for i, name in enumerate(self.names) if i != r]}
+        return result
+
+    def write_results(self, results: Sequence[dict], paths: Sequence[str | os.PathLike],
+                      wall_time_s: float | None = None) -> list[Path]:
+        """Write each run's result (with provenance) to its path."""
+        if len(paths) != len(results):
+            raise ValueError(f"{len(paths)} result paths for {len(results)} results")
+        return [write_result(path, {**result, "provenance": provenance(wall_time_s)})
+                for result, path in zip(results, paths)]

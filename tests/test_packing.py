@@ -1,0 +1,220 @@
+"""Packed runs (prge_lib.zo.packing, prge_lib.training.packed): R ZO runs sharing each forward train as each
+would alone, up to a float-rounding bound derived below; a packed run resumes exactly and diverges alone.
+
+The bound (chapter 5 bounds the outer loop's rounding the same way). A packed run and its unpacked twin compute
+every copy's loss from the same weights, the same z (same seeds, same per-layer draw) and the same rows; rows
+never share a reduction. What changes is (i) how many rows each product has, which can change how a kernel
+blocks the reductions over the inner dimension, (ii) the padded length (rows of other runs), which shifts
+RoPE's positions (equal relative angles in exact arithmetic, other rounding) and (iii) how the LoRA-FA products
+are grouped. So each of the S reduction stages on the way to the logits (per decoder layer: RMSNorm, q/k/v,
+scores, softmax·V, o, RMSNorm, gate/up, down; then the final norm and the head: S = 10·layers + 2) may round
+differently. A reduction of K terms summed in two orders differs by at most 2γ_K ≈ 2Ku relative to its terms
+in the worst case, and by about 2√K·u with rounding errors of random sign (Higham & Mary 2019, the model that
+describes matmul rounding in practice); with normalised activations these relative errors add along the
+stages, so the logits z differ by at most
+
+    Δz ≤ 2 S √K u Z,        K = the longest reduction (max of intermediate size, hidden size, length),
+                             Z = max |z| over the run's rows, u = 2⁻²⁴ (fp32 unit roundoff).
+
+The loss ℓ = logsumexp(z) − z_y is 1-Lipschitz in each of its two terms (∞-norm), so a copy's loss (a mean
+over its rows) moves by at most 2Δz, plus the last few roundings of the scalar ops that follow (log, the
+subtraction, the mean over b rows), a few ulps of ℓ: we allow 8u|ℓ|.
+
+    β_ℓ = 4 S √K u Z + 8 u |ℓ|                                            per copy loss (and their mean)
+    β_g = (β_ℓ + β_ℓ) / 2ε = β_ℓ / ε                                      g = (ℓ⁺ − ℓ⁻) / 2ε
+    β_B = η T β_g max|z| + 2 T q u max|B|                                 B_T = B_0 − (η/q) Σ_t Σ_i g_t,i z_t,i
+          ≥ Σ_t (η/q) Σ_i |Δg_t,i| |z_t,i|  +  the updates' own rounding
+
+(the update adds bit-identical z with coefficients that differ by Δg; each of its T·q additions rounds at
+most u·|B| in each of the two runs). Not vacuous: a wrong seed or a swapped run changes the noise (and the
+data order), which on the tiny model moves the losses of 4 steps by ~1e-1, g by ~1 and B by ~1e-1, while the
+bounds come to ~4e-5, ~4e-3 and ~4e-4: the test asserts they sit at least 100× below those differences.
+Observed on a CPU: most runs agree bit for bit, the others by one ulp of ℓ (1e-6), hence 5e-5 in g.
+"""
+import math
+import time
+
+import pytest
+import torch
+
+from prge_lib.data.splits import sample_task
+from prge_lib.data.tasks import get_task
+from prge_lib.models.objective import tail_logits
+from prge_lib.training.packed import PackStopped, PackedTrainer, check_packable
+from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
+from prge_lib.zo.estimator import step_seeds
+
+U = 2.0 ** -24          # fp32 unit roundoff
+COMMON = {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "max_length": 32, "layers": 1}
+
+# three mixed runs, q = 2, 1 (MeZO on LoRA-FA) and 4; "equal": every run has 2 rows per copy (the packed layer's
+# fully batched products), "mixed": 2, 4 and 1 rows per copy and another task (the per-run products)
+PACKS = {
+    "equal": [dict(task="sst2", method="prge", q=2, E=4, lr=1e-2, seed=1),
+              dict(task="sst2", method="mezo-lorafa", E=2, lr=5e-3, seed=2),
+              dict(task="sst2", method="prge", q=4, E=8, lr=2e-2, seed=3, eps=2e-2)],
+    "mixed": [dict(task="sst2", method="prge", q=2, E=4, lr=1e-2, seed=1),
+              dict(task="sst2", method="mezo-lorafa", E=4, lr=5e-3, seed=2),
+              dict(task="rte", method="prge", q=4, E=4, lr=2e-2, seed=3)],
+}
+
+
+@pytest.fixture()
+def task_data(fixture_data):
+    def sample(task: str):
+        return sample_task(get_task(task), 0, 16, 8, 8, root=fixture_data)
+    return sample
+
+
+def configs(pack: str, **changes) -> list[TrainConfig]:
+    return [TrainConfig(**{**COMMON, **run, **changes}) for run in PACKS[pack]]
+
+
+def packed(tiny_factory, tokenizer, task_data, runs, folders=None) -> PackedTrainer:
+    return PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], folders,
+                         progress=False)
+
+
+def solo(tiny_factory, tokenizer, task_data, config) -> Trainer:
+    return Trainer(config, tiny_factory(), tokenizer, task_data(config.task), progress=False)
+
+
+def max_logit(trainer: Trainer) -> float:
+    """Z: the largest |logit| the run's model gives on its training batches, at its current adapter."""
+    with torch.no_grad():
+        return max(float(tail_logits(trainer.model, b.input_ids, b.attention_mask, b.targets.shape[1]).abs().max())
+                   for b in (trainer.batch(t) for t in range(trainer.config.steps)))
+
+
+def bounds(trainer: Trainer, z_logits: float, losses: list[float]) -> dict:
+    """β_ℓ, β_g and β_B of the module docstring for this run."""
+    config, model = trainer.config, trainer.model.config
+    stages = 10 * model.num_hidden_layers + 2
+    k = max(model.intermediate_size, model.hidden_size, config.max_length)
+    loss = 4 * stages * math.sqrt(k) * U * z_logits + 8 * U * max(map(abs, losses))
+    grad = loss / config.eps
+    layers, steps = trainer.method.layers, len(losses)
+    z_max = max(float(layer.noise(s).abs().max()) for layer in layers
+                for t in range(steps) for s in step_seeds(config.seed, t, config.q))
+    b_max = max(float(layer.lora_B.detach().abs().max()) for layer in layers)
+    return {"loss": loss, "grad": grad, "B": config.lr * steps * grad * z_max + 2 * steps * config.q * U * b_max}
+
+
+def trajectory_gaps(result: dict, trainer: Trainer, reference: dict, reference_trainer: Trainer) -> dict:
+    """Max |difference| of the per-step losses, projected gradients and final B of two runs."""
+    grads = [abs(a - b) for ga, gb in zip(result["projected_grad"], reference["projected_grad"])
+             for a, b in zip(ga, gb)]
+    mine, theirs = trainer.method.trainable(), reference_trainer.method.trainable()
+    return {"loss": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),
+            "grad": max(grads),
+            "B": max(float((mine[k] - theirs[k]).detach().abs().max()) for k in mine)}
+
+
+@pytest.mark.parametrize("pack", list(PACKS))
+def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pack):
+    runs = configs(pack)
+    trainer = packed(tiny_factory, tokenizer, task_data, runs)
+    results = trainer.run()
+    alone, alone_results, z_logits = [], [], []
+    for config in runs:
+        one = solo(tiny_factory, tokenizer, task_data, config)
+        start = max_logit(one)
+        alone_results.append(one.run())
+        alone.append(one)
+        z_logits.append(max(start, max_logit(one)))
+    for r, (result, reference) in enumerate(zip(results, alone_results)):
+        bound = bounds(alone[r], z_logits[r], reference["losses"])
+        gaps = trajectory_gaps(result, trainer.trainers[r], reference, alone[r])
+        print(f"{pack} run {r} (q {runs[r].q or 1}): gaps {gaps}, bounds {bound}")
+        for what in ("loss", "grad", "B"):
+            assert gaps[what] <= bound[what], (r, what, gaps, bound)
+        assert result["steps"] == reference["steps"] and result["status"] == "finished"
+        assert len(result["losses"]) == 4 and len(result["projected_grad"][0]) == (runs[r].q or 1)
+        # the same schema as the unpacked result, plus the pack
+        assert set(result) - set(reference) == {"status", "model", "packed"}
+        assert result["packed"]["runs"] == 3 and len(result["packed"]["with"]) == 2
+        assert result["config"] == reference["config"]
+        # not vacuous: another run's trajectory (other seed, data order, noise) is far outside the bound
+        other = (r + 1) % 3
+        wrong = trajectory_gaps(result, trainer.trainers[r], alone_results[other], alone[other])
+        print("  another run:", wrong)
+        assert all(100 * bound[w] < wrong[w] for w in bound), (r, wrong, bound)
+    # a wrong seed alone (same data order, other noise) is also far outside: run 0 with run 0's data but seed 7
+    swapped = TrainConfig(**{**COMMON, **PACKS[pack][0], "seed": 7})
+    other = solo(tiny_factory, tokenizer, task_data, swapped)
+    other.epoch_order = trainer.trainers[0].epoch_order        # same batches, other noise seeds
+    wrong = trajectory_gaps(results[0], trainer.trainers[0], other.run(), other)
+    bound = bounds(alone[0], z_logits[0], alone_results[0]["losses"])
+    assert 100 * bound["grad"] < wrong["grad"] and 100 * bound["B"] < wrong["B"], (wrong, bound)
+
+
+def test_a_stopped_pack_resumes_to_the_uninterrupted_trajectories(tiny_factory, tokenizer, task_data, tmp_path):
+    runs = configs("mixed")
+    runs[1].steps = 6          # runs with fewer steps leave the pack when done
+    whole = packed(tiny_factory, tokenizer, task_data, runs).run()
+
+    folders = [tmp_path / f"run{r}" for r in range(3)]
+    broken = packed(tiny_factory, tokenizer, task_data, runs, folders)
+    real_step, calls = broken.pack.step, []
+
+    def crash_at_4(work):
+        calls.append(sorted(work))
+        if len(calls) == 4:
+            raise KeyboardInterrupt("simulated interruption during step 4")
+        return real_step(work)
+
+    broken.pack.step = crash_at_4
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    assert [torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in folders] == [2, 2, 2]
+    # the last run's folder holds a checkpoint, the others are new: neither resume nor restart is refused
+    # before any run starts
+    again = packed(tiny_factory, tokenizer, task_data, runs, [tmp_path / "new0", tmp_path / "new1", folders[2]])
+    with pytest.raises(ValueError, match="already holds the checkpoint of a run at step 2"):
+        again.run()
+    assert [t.history["evals"] for t in again.trainers] == [[], [], []]
+    resumed = packed(tiny_factory, tokenizer, task_data, runs, folders).run(resume=True)
+    for a, b in zip(resumed, whole):
+        assert a["losses"] == b["losses"] and a["projected_grad"] == b["projected_grad"]   # identical
+        assert a["evals"] == b["evals"] and a["resumed_at_steps"] == [2]
+    assert [len(r["losses"]) for r in resumed] == [4, 6, 4]
+
+    # a deadline stops the pack after a step with every run checkpointed there; the pack resumes from it
+    stopped = [tmp_path / f"stopped{r}" for r in range(3)]
+    with pytest.raises(PackStopped, match="at step 1 of 4"):
+        packed(tiny_factory, tokenizer, task_data, runs, stopped).run(deadline=time.time())
+    again = packed(tiny_factory, tokenizer, task_data, runs, stopped).run(resume=True)
+    assert [r["losses"] for r in again] == [r["losses"] for r in whole]
+
+
+def test_a_diverging_run_leaves_the_pack_and_the_others_finish(tiny_factory, tokenizer, task_data, tmp_path):
+    runs = configs("equal")
+    runs[1].lr = 1e33                # B ~1e34 after step 1: attention scores overflow, the next losses are NaN
+    folders = [tmp_path / f"run{r}" for r in range(3)]
+    trainer = packed(tiny_factory, tokenizer, task_data, runs, folders)
+    results = trainer.run()
+    assert [r["status"] for r in results] == ["finished", "diverged", "finished"]
+    bad = results[1]
+    reference = solo(tiny_factory, tokenizer, task_data, runs[1])
+    with pytest.raises(TrainingDiverged):
+        reference.run()
+    assert bad["steps"] == reference.step == 1 and "not finite" in bad["diverged"]
+    saved = torch.load(folders[1] / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 1
+    for name, value in saved["method"]["trainable"].items():      # the last good state, as the trainer keeps
+        assert torch.equal(value, trainer.trainers[1].method.trainable()[name])
+    for r in (0, 2):
+        one = solo(tiny_factory, tokenizer, task_data, runs[r])
+        z_logits = max_logit(one)
+        reference = one.run()
+        bound = bounds(one, max(z_logits, max_logit(one)), reference["losses"])
+        gaps = trajectory_gaps(results[r], trainer.trainers[r], reference, one)
+        assert all(gaps[w] <= bound[w] for w in bound), (r, gaps, bound)
+
+
+def test_runs_of_other_models_or_methods_are_refused():
+    base = {**COMMON, "task": "sst2", "E": 4, "q": 2}
+    with pytest.raises(ValueError, match=r"run 1: layers = 2, but run 0 has 1"):
+        check_packable([TrainConfig(**base), TrainConfig(**{**base, "layers": 2})])
+    with pytest.raises(ValueError, match=r"run 0: method 'mezo' cannot be packed"):
+        check_packable([TrainConfig(**{**base, "method": "mezo", "q": 1})])
