@@ -35,7 +35,7 @@ def pack_vs_solo(make_model: Callable[[], torch.nn.Module], runs: Sequence[dict]
     cuda = next(model.parameters()).device.type == "cuda"
     pack = build_pack(model, settings, pad_id)
     every = {r: batches[r] for r in range(len(settings))}
-    packed = statistics.median(time_steps(lambda t: pack.step({r: (b, t) for r, b in every.items()}),
+    packed = statistics.median(time_steps(lambda t, pack=pack: pack.step({r: (b, t) for r, b in every.items()}),
                                           steps, warmup, cuda))
     del pack, model
     solo = 0.0
@@ -43,7 +43,8 @@ def pack_vs_solo(make_model: Callable[[], torch.nn.Module], runs: Sequence[dict]
         model = make_model()
         layers = inject_lorafa(model, s["targets"], s["r"], s["alpha"], seed=s["seed"], noise=s["noise"])
         alone = PRGE(model, layers, s["q"], s["eps"], s["lr"], s["seed"], keep_noise=s["keep_noise"])
-        solo += statistics.median(time_steps(lambda t: alone.step(batch, t), steps, warmup, cuda))
+        solo += statistics.median(time_steps(lambda t, alone=alone, batch=batch: alone.step(batch, t),
+                                                    steps, warmup, cuda))
         del alone, layers, model
     count = len(settings)
     return {"runs": count, "packed_s_per_step": packed, "solo_s_per_step": solo,
