@@ -15,6 +15,7 @@ import torch
 from prge_lib.cli.main import main
 from prge_lib.common.provenance import atomic_file
 from prge_lib.experiments import reproduce as rp
+from prge_lib.experiments import runner
 from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 from fixtures import small_trainer
@@ -84,7 +85,7 @@ def test_a_cell_runs_in_one_process_at_a_time(tmp_path, monkeypatch):
         release.wait(10)
         return _train_result(cell_)
 
-    monkeypatch.setattr(rp, "_run_train", fake_train)
+    monkeypatch.setattr(runner, "_run_train", fake_train)
     first = threading.Thread(target=rp.run_cell, args=(cell, res, ck), kwargs={"progress": False})
     first.start()
     try:
@@ -125,7 +126,7 @@ def test_a_killed_holder_frees_the_cell(tmp_path, monkeypatch):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
-    monkeypatch.setattr(rp, "_run_train", lambda cell_, *args, **kw: _train_result(cell_))
+    monkeypatch.setattr(runner, "_run_train", lambda cell_, *args, **kw: _train_result(cell_))
     assert rp.cell_status(cell, res, ck)["state"] == "missing"
     rp.run_cell(cell, res, ck, progress=False)
     assert rp.cell_status(cell, res, ck)["state"] == "done"

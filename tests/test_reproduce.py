@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from prge_lib.experiments import reproduce as rp
+from prge_lib.experiments import runner
 from prge_lib.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +47,8 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
     assert {c.config()["quant"] for c in runtime if "mezo" in c.config()["methods"]} == {"none"}
     assert all("prge" in c.config()["methods"] for c in runtime)
     seen = {}
-    monkeypatch.setattr(rp, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
-    rp._run_bench(memory[0])
+    monkeypatch.setattr(runner, "bench", lambda spec, methods, **kw: seen.update(kw) or {})
+    runner._run_bench(memory[0])
     assert seen["repeats"] == 1 and seen["seq_len"] == 64
     # --list's estimate grows with the length, the configurations and the rounds, and prices the format's kernel
     est = {c.name: rp.estimate_seconds(c, 0) for c in memory + runtime}
@@ -210,8 +211,8 @@ def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes
     # stop halfway, starts only if its estimate fits
     zero_shot, = rp.grid_cells("table1", "cpu", only="sst2/zeroshot")
     soon = time.time() + 60
-    assert rp._fits_before(cells[0], soon) and not rp._fits_before(zero_shot, soon)
-    assert rp._fits_before(zero_shot, soon + rp.estimate_seconds(zero_shot, 0) + 60)
+    assert runner._fits_before(cells[0], soon) and not runner._fits_before(zero_shot, soon)
+    assert runner._fits_before(zero_shot, soon + rp.estimate_seconds(zero_shot, 0) + 60)
 
     # a checkpoint made on another device is refused, naming both
     payload = torch.load(stop.value.checkpoint, weights_only=False)

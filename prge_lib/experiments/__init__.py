@@ -1,3 +1,4 @@
-"""Reproducing the papers: the grids of their tables run cell by cell with summaries (``reproduce``), the
+"""Reproducing the papers: the grids of their tables run cell by cell with summaries (``reproduce``, which
+gathers ``grids``, ``cells``, ``estimates``, ``results``, ``locks``, ``status``, ``runner`` and ``summaries``), the
 papers' published numbers (``paper``) and the benchmarks (``bench``).
 """

@@ -1,22 +1,192 @@
-"""Reading one result file (``data/results``, written by :func:`prge_lib.common.provenance.write_result`) as the
-chapters quote it: a figure whose run has not been made yet is absent, not an error.
+"""Result files: one of chapter 7's cells read and checked against its schema (:func:`read_result`,
+:class:`ResultFileError` naming the file and the failing field), and whether a file is the result of the cell whose
+place it has (:func:`cell_matches`, :func:`check_file_cell`); any result file as a chapter quotes it
+(:func:`read_if_present`).
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
+import os
+import re
 from pathlib import Path
 
+from prge_lib.common.paths import RESULTS
+from prge_lib.experiments.cells import Cell
+from prge_lib.experiments.grids import GRIDS
 
-def read_result(path: str | Path) -> dict | None:
-    """The result at ``path`` (a JSON object), or None while the file has not been produced. A file that holds
-    something else is a ValueError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        return None
+
+def cell_matches(cell: Cell, result: dict) -> list[str]:
+    """The settings in which an existing result differs from the cell (empty: it is this cell's result).
+
+    The device is not a setting of the cell: a cell run on a GPU is the same cell (its result records the
+    device and the hardware; the ZO noise then comes from torch's CUDA generator, other draws of the same law)."""
+    if cell.kind == "bench":
+        return [] if result.get("kind") == "bench" else ["kind"]
+    saved = result.get("config", {})
+    return [k for k, v in cell.config().items()
+            if k != "device" and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+
+
+def result_differs(cell: Cell, results: Path = RESULTS) -> list[str] | None:
+    """None where ``cell`` has no result file, else the settings in which that file differs (:func:`cell_matches`).
+    A file that cannot be read as a result raises :class:`ResultFileError`."""
+    path = cell.result_path(results)
+    return cell_matches(cell, read_result(path)) if path.is_file() else None
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read as one, or that holds another cell's run: names the file and why."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _short(value) -> str:
+    """A JSON value in at most 40 characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _schema_failure(err) -> str:
+    """A jsonschema error in a few words: the failing field and what is wrong with it (never the whole file)."""
+    where = ".".join(map(str, err.absolute_path))
+    if err.validator == "required":
+        missing = re.match(r"'(.+)' is a required property", err.message)
+        name = missing.group(1) if missing else str(err.validator_value)
+        return f"field {where + '.' if where else ''}{name} is missing"
+    if not isinstance(err.validator, str):        # a check of validate_result's own
+        return f"field {where or '(top level)'}: {err.message}"
+    return (f"field {where or '(top level)'} is {_short(err.instance)}, which fails "
+            f"{err.validator} {_short(err.validator_value)}")
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; :class:`ResultFileError` naming the file for anything else."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not a JSON result file ({err})") from None
+        raise ResultFileError(path, f"not valid JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    except UnicodeDecodeError:
+        raise ResultFileError(path, "not a text file") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a result file holds a JSON object, this one a {type(data).__name__}")
+        raise ResultFileError(path, f"holds a JSON {type(data).__name__}, not a result object")
     return data
+
+
+def read_if_present(path: str | os.PathLike) -> dict | None:
+    """A result file of any kind as the chapters quote it: None while it has not been produced (a figure whose
+    run was not made yet is absent, not an error), its JSON object otherwise (no schema: benchmark and device
+    results have their own shapes); :class:`ResultFileError` naming a file that holds something else."""
+    path = Path(path)
+    return _json_object(path) if path.is_file() else None
+
+
+def read_result(path: str | os.PathLike) -> dict:
+    """A result file, read and validated (:func:`validate_result`); :class:`ResultFileError` naming the file and
+    the failing field otherwise."""
+    import jsonschema
+
+    path = Path(path)
+    data = _json_object(path)
+    try:
+        validate_result(data)
+    except jsonschema.ValidationError as err:
+        raise ResultFileError(path, _schema_failure(err)) from None
+    return data
+
+
+def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str, list[str]]:
+    """{cell name: settings that differ} for the cells whose result file was made with other settings."""
+    return {cell.name: differ for cell in cells if (differ := result_differs(cell, results))}
+
+
+# ---------------------------------------------------------------- result schema
+_TRAIN_SCHEMA = {
+    "type": "object",
+    "required": ["kind", "task", "method", "seed", "config", "steps", "best_val", "final", "evals", "losses",
+                 "provenance"],
+    "properties": {
+        "kind": {"const": "train"},
+        "seed": {"type": "integer"},
+        "steps": {"type": "integer", "minimum": 0},
+        "config": {"type": "object", "required": ["task", "seed"]},
+        "best_val": {"$ref": "#/$defs/point"},
+        "final": {"$ref": "#/$defs/point"},
+        "evals": {"type": "array", "minItems": 1,
+                  "items": {"type": "object", "required": ["step", "val"],
+                            "properties": {"step": {"type": "integer"}, "val": {"type": "number"},
+                                           "test": {"type": "number"}}}},
+        "losses": {"type": "array", "items": {"type": "number"}},
+        "provenance": {"type": "object",
+                       "required": ["command", "commit", "versions", "hardware", "wall_time_s"]},
+    },
+    "$defs": {"point": {"type": "object", "required": ["step", "val", "test"],
+                        "properties": {"step": {"type": "integer"},
+                                       "val": {"type": "number", "minimum": 0, "maximum": 1},
+                                       "test": {"type": "number", "minimum": 0, "maximum": 1}}}},
+}
+_BENCH_SCHEMA = {"type": "object", "required": ["kind", "configs", "floor", "ratios", "config", "provenance"],
+                 "properties": {"kind": {"const": "bench"}}}
+
+
+@functools.cache
+def _validator(kind: str):
+    """A jsonschema validator for ``kind``'s schema, checked and built once (``jsonschema.validate`` re-checks the
+    schema on every call, which was most of the time of reading a grid's results)."""
+    import jsonschema
+
+    schema = _BENCH_SCHEMA if kind == "bench" else _TRAIN_SCHEMA
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def validate_result(result: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` unless ``result`` is a well-formed cell result."""
+    import jsonschema
+
+    _validator("bench" if result.get("kind") == "bench" else "train").validate(result)
+    if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
+        raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses",
+                                         path=("losses",))
+
+
+_CELL_FILE = re.compile(r"(?P<row>.+?)(?:-L(?P<seq_len>\d+))?(?:_lr(?P<lr>[^_]+))?_seed(?P<seed>\d+)")
+
+
+def check_file_cell(grid: str, result: dict, path: Path) -> None:
+    """Refuse (:class:`ResultFileError`) a training result whose task, row, learning rate or seed, or a fixed
+    setting of its row, differs from the cell its place gives (``<task>/<row>[_lr<lr>]_seed<seed>.json``)."""
+    if result.get("kind") != "train":
+        return
+    file = Path(result["_file"])
+    m = _CELL_FILE.fullmatch(file.stem)
+    if m is None:
+        raise ResultFileError(path, "its name is not a cell's (<task>/<row>[_lr<lr>]_seed<seed>.json), so its "
+                                    "row is unknown; rename it or move it away")
+    config, cell = result["config"], result.get("cell", {})
+    lr = None if result["method"] == "zeroshot" else config.get("lr")
+    try:
+        named_lr = None if m["lr"] is None else float(m["lr"])
+    except ValueError:
+        named_lr = math.nan
+    differ = []
+    if len(file.parts) > 1 and result["task"] != file.parts[0]:
+        differ.append(f"task {result['task']} (the folder says {file.parts[0]})")
+    if result["seed"] != int(m["seed"]):
+        differ.append(f"seed {result['seed']} (the name says {m['seed']})")
+    same_lr = lr is None and named_lr is None or (isinstance(lr, (int, float)) and named_lr is not None
+                                                  and math.isclose(lr, named_lr, rel_tol=1e-9))
+    if not same_lr:
+        differ.append(f"lr {lr} (the name says {m['lr']})")
+    if "row" in cell and cell["row"] != m["row"]:
+        differ.append(f"row {cell['row']} (the name says {m['row']})")
+    row = next((r for r in GRIDS.get(grid, {}).get("rows", ()) if r.key == m["row"]), None)
+    fixed = {} if row is None else {**row.settings, **({"method": row.method} if row.method != "zeroshot" else {})}
+    differ += [f"{k} {config[k]} (row {row.key} has {v})" for k, v in fixed.items() if k in config and config[k] != v]
+    if differ:
+        raise ResultFileError(path, f"its settings are not those of cell {file.with_suffix('')}: "
+                                    f"{'; '.join(differ)}; move it to its own cell's name or away")

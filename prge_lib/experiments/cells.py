@@ -1,0 +1,120 @@
+"""A cell of a grid (chapter 7): one run (model × task × method × hyperparameters × seed), its name, where its
+result and its checkpoint live, the command that runs it alone, and the cells of a grid under a profile.
+
+A cell writes one JSON result, ``data/results/<grid>/<task>/<row>_lr<lr>_seed<seed>.json`` (``<grid>-paper/`` for
+the paper profile, :func:`grid_folder`), and keeps its checkpoint in ``<cache>/reproduce/<grid>/<cell>/``
+(:func:`checkpoint_root`) while it runs.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from prge_lib.common.paths import RESULTS
+from prge_lib.common.settings import cache_dir
+from prge_lib.experiments.grids import EVAL_EVERY, GRIDS, PROFILES, STEPS, Row, _family, lr_text
+
+
+def checkpoint_root(root: Path | str | None = None) -> Path:
+    """Where interrupted cells keep their checkpoints: ``root`` if given, else ``reproduce`` in the cache folder
+    (``PRGE_CACHE_DIR``, default ``~/.cache/prge``). Outside the clone, so a cell longer than one sitting resumes
+    from a fresh checkout on the same machine; the trainer refuses a checkpoint made with other settings."""
+    return Path(root) if root else cache_dir() / "reproduce"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid. ``settings`` are the TrainConfig fields (or the benchmark's arguments)."""
+    grid: str
+    profile: str
+    task: str
+    row: Row
+    lr: float | None
+    seed: int
+    settings: tuple          # sorted (name, value) pairs
+
+    @property
+    def name(self) -> str:
+        lr = "" if self.lr is None else f"_lr{lr_text(self.lr)}"
+        length = f"-L{self.config()['seq_len']}" if self.kind == "bench" else ""
+        return f"{self.task}/{self.row.key}{length}{lr}_seed{self.seed}"
+
+    @property
+    def kind(self) -> str:
+        return self.row.method if self.row.method in ("zeroshot", "bench") else "train"
+
+    def config(self) -> dict:
+        return dict(self.settings)
+
+    def steps(self) -> int:
+        return self.config().get("steps", 0)
+
+    def result_path(self, root: Path = RESULTS) -> Path:
+        return Path(root) / grid_folder(self.grid, self.profile) / f"{self.name}.json"
+
+    def checkpoint_dir(self, root: Path | None = None) -> Path:
+        return checkpoint_root(root) / grid_folder(self.grid, self.profile) / self.name
+
+    def command(self) -> str:
+        """The command that runs this cell alone (recorded as the result's provenance): every setting in which
+        the cell differs from its grid's default, so that the command makes this very cell again."""
+        c, options = self.config(), ""
+        if self.seed not in self.row.seeds.get(self.profile, ()):
+            options += f" --seeds {self.seed}"
+        if self.kind == "train" and c["steps"] != STEPS[self.profile][_family(self.row.method)]:
+            options += f" --steps {c['steps']}"
+        if c.get("model"):
+            options += f" --model {shlex.quote(str(c['model']))}"
+        if c.get("device", "cpu") != "cpu":
+            options += f" --device {c['device']}"
+        return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
+
+
+def grid_folder(grid: str, profile: str = "cpu") -> str:
+    """The folder (under the results and the checkpoint roots) of ``grid``'s cells under ``profile``: the grid's
+    name for the cpu profile, ``<grid>-<profile>`` for another, so that profiles never mix in one table."""
+    return grid if profile == "cpu" else f"{grid}-{profile}"
+
+
+def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None,
+               only: str | None = None, model: str | None = None, **overrides) -> list[Cell]:
+    """The cells of ``grid`` under ``profile`` (``seeds`` replaces every row's seeds; ``only`` keeps the
+    cells whose name contains it, several comma-separated filters all apply; ``overrides`` replace
+    TrainConfig fields of every training cell, e.g. ``steps`` or ``n_train`` for small tests)."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; choose one of {list(GRIDS)}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {list(PROFILES)}")
+    spec = GRIDS[grid]
+    cells = []
+    for task in spec["tasks"]:
+        for row in spec["rows"]:
+            for lr in row.lrs.get(profile, (None,)):
+                for seed in (row.seeds[profile] if seeds is None else tuple(seeds)):
+                    for settings in _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
+                        cells.append(Cell(grid, profile, task, row, lr, seed, tuple(sorted(settings.items()))))
+    if only:
+        for part in map(str.strip, only.split(",")):
+            # a whole cell name selects that cell alone ("…_seed1" is also inside "…_seed10")
+            exact = [c for c in cells if c.name == part]
+            cells = exact or [c for c in cells if part in c.name]
+    return cells
+
+
+def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
+    if row.method == "bench":
+        for seq_len in spec["seq_lens"]:
+            s = dict(row.settings, seq_len=seq_len, model=model, E=16)
+            s["methods"], s["qs"] = list(s["methods"]), list(s["qs"])
+            yield s
+        return
+    s = {"task": task, "seed": seed, "model": model}
+    if row.method != "zeroshot":
+        fam = _family(row.method)
+        s.update(method=row.method, lr=lr, steps=STEPS[profile][fam], eval_every=EVAL_EVERY[profile][fam],
+                 **row.settings)
+    s.update({k: v for k, v in overrides.items()
+              if row.method != "zeroshot" or k.startswith("n_") or k == "device"})
+    yield s

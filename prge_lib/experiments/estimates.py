@@ -1,0 +1,101 @@
+"""How long a cell of chapter 7 takes on a 2-core CPU (what ``prge reproduce --list`` prints): measured seconds
+per step of each method, scaled by the prompt lengths of the cell's task and batch, plus its evaluations; a
+benchmark cell by a fit to the committed runtime cells.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import statistics
+
+from prge_lib.data.splits import DataUnavailableError, sample_task
+from prge_lib.data.tasks import get_task
+from prge_lib.experiments.bench.methods import configurations
+from prge_lib.experiments.cells import Cell
+from prge_lib.methods import registry
+
+# Seconds per training step of each method on SST-2 at its Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples),
+# at 1 torch thread beside one other run, as the committed cells ran (median ``step_time_s`` of their result
+# files). A step pads every row to the longest prompt of its batch, so --list scales these by that length
+# on the cell's task and batch (:func:`prompt_length_factor`): RTE's steps take about 5x SST-2's.
+SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0, "prge": 2.3, "senszoq": 3.0,
+                    "mebp": 2.9}
+# MeZO over a peft adapter (the peft grid), per adapter, SST-2, same conditions: the committed cells' median step
+# (VeRA, r = 1024: its lr 1e-3 cell's median step; the rank-1024 projections make a step ~3x LoRA's)
+ADAPTER_SECONDS_PER_STEP = {"lora": 2.9, "lora-fa": 2.8, "dora": 3.6, "vera": 9.0}
+EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
+# Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
+# peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
+# committed runtime cells (fp32 11.8 / 19.7 / 33.7 min at 64 / 128 / 256 tokens, INT8 7.9 / 14.5 / 31.1, NF4
+# 7.3 / 10.9 / 19.6), plus a model load of about 4 s. fp32 and NF4 grow about linearly with the length, INT8
+# faster than linearly (chapter 7: LLM.int8()'s fp16 columns grow with the rows of a call)
+BENCH_STEP_SECONDS = {"none": (3.59, 0.96), "int8": (2.12, 1.35), "nf4": (1.79, 1.06)}
+BENCH_LOAD_SECONDS = 4.0
+
+
+def _batch_examples(config: dict) -> int:
+    """Examples per training step: FO's batch size, or E / q for the ZO methods (each query sees them all)."""
+    if "batch_size" in config:
+        return config["batch_size"]
+    return max(1, config.get("E", 16) // config.get("q", 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_lengths(task: str, seed: int = 0) -> tuple[tuple[int, ...], int]:
+    """Lengths in characters of the texts a training step reads from ``task``'s training sample (prompt and
+    answer), and how many examples one evaluation reads (validation + test)."""
+    t = get_task(task)
+    data = sample_task(t, seed)
+    lengths = [sum(map(len, t.training_pair(r))) for r in data.train]
+    return tuple(lengths), len(data.val) + len(data.test)
+
+
+@functools.lru_cache(maxsize=None)
+def _longest_prompt(task: str, examples: int) -> float:
+    """Mean over random batches of ``examples`` training examples of the longest prompt's length: a step pads
+    every row to it, so step time follows it."""
+    lengths, _ = _prompt_lengths(task)
+    rng = random.Random(0)
+    return statistics.mean(max(rng.sample(lengths, min(examples, len(lengths)))) for _ in range(500))
+
+
+def prompt_length_factor(task: str, config: dict) -> float:
+    """How much longer a step of ``config`` on ``task`` pads its rows than the same method's SST-2 step at the
+    batch SECONDS_PER_STEP was measured at (1.0 where the task's data cannot be read)."""
+    reference = _batch_examples(registry.get(config["method"]).defaults)     # SECONDS_PER_STEP's batch
+    try:
+        return _longest_prompt(task, _batch_examples(config)) / _longest_prompt("sst2", reference)
+    except DataUnavailableError:
+        return 1.0
+
+
+def evaluation_factor(task: str) -> float:
+    """How much longer one evaluation of ``task`` takes than SST-2's: mean prompt length times examples read."""
+    try:
+        (lengths, rows), (sst2, sst2_rows) = _prompt_lengths(task), _prompt_lengths("sst2")
+    except DataUnavailableError:
+        return 1.0
+    return statistics.mean(lengths) * rows / (statistics.mean(sst2) * sst2_rows)
+
+
+def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
+    """Rough time of the rest of ``cell`` on a 2-core CPU (what --list prints): a training cell at 1 torch
+    thread beside one other cell, a benchmark cell alone on the idle machine."""
+    if cell.kind == "zeroshot":
+        return EVAL_SECONDS * evaluation_factor(cell.task)
+    if cell.kind == "bench":
+        c = cell.config()
+        configs = len(configurations(c["methods"], c["qs"]))
+        steps = configs * (c["repeats"] + 1) * 2     # timing rounds, then the peak's process
+        a, b = BENCH_STEP_SECONDS[c["quant"]]
+        return steps * a * (c["seq_len"] / 64) ** b + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS
+    c = cell.config()
+    evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
+    # MeZO on an adapter (the peft grid) is priced by its adapter, not as MeZO on every weight
+    adapter = c.get("adapter", "none")
+    if c["method"] == "mezo" and adapter != "none":
+        rate = ADAPTER_SECONDS_PER_STEP.get(adapter, SECONDS_PER_STEP["mezo-lorafa"])
+    else:
+        rate = SECONDS_PER_STEP[c["method"]]
+    step = rate * prompt_length_factor(cell.task, c)
+    return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)

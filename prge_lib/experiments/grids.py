@@ -1,0 +1,116 @@
+"""The grids of chapter 7: each paper table as a named list of rows (a method with fixed settings, and per profile
+its learning rates and seeds) over a list of tasks, with the step counts and evaluation intervals of each profile.
+
+Profiles: ``paper`` is App. C (20k ZO steps, 1k FO steps, the full learning-rate grids, 3 seeds); ``cpu`` fits
+a 2-core CPU (1000 ZO steps, 500 FO steps, one learning rate per row; 3 seeds for the ZO LoRA-FA rows of
+Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states both; chapters 8 and 9 run the
+``alternatives`` grid.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from prge_lib.models.loading import QUANT_MODES
+from prge_lib.methods import registry
+
+PROFILES = ("cpu", "paper")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a paper table: a method with fixed settings and a learning-rate grid per profile."""
+    key: str                               # file-name tag, e.g. "prge-q4-E16"
+    label: str                             # as the paper's table prints it
+    method: str                            # a TrainConfig method, "zeroshot" or "bench"
+    settings: dict = field(default_factory=dict)   # fixed TrainConfig fields (q, E, adapter, …)
+    lrs: dict = field(default_factory=dict)        # profile -> learning rates searched
+    seeds: dict = field(default_factory=dict)      # profile -> seeds
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate as file names carry it: 1e-3, 3e-4, 1.5e-4."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+# ---------------------------------------------------------------- the grids
+_ZO_LORAFA_LRS = {"paper": (5e-5, 1e-4, 5e-4, 1e-3), "cpu": (1e-3,)}
+_SEEDS_3 = {"paper": (0, 1, 2), "cpu": (0, 1, 2)}
+_SEEDS_1 = {"paper": (0, 1, 2), "cpu": (0,)}
+STEPS = {"paper": {"zo": 20000, "fo": 1000}, "cpu": {"zo": 1000, "fo": 500}}
+EVAL_EVERY = {"paper": {"zo": 500, "fo": 100}, "cpu": {"zo": 100, "fo": 100}}
+
+ZERO_SHOT = Row("zeroshot", "Zero-shot", "zeroshot", seeds=_SEEDS_1)
+TABLE1_ROWS = (
+    ZERO_SHOT,
+    Row("fo", "FO-Adam (Full)", "fo", {"batch_size": 8},
+        {"paper": (1e-5, 5e-5, 8e-5), "cpu": (1e-5,)}, _SEEDS_1),
+    Row("fo-lorafa", "FO-Adam (LoRA-FA)", "fo-lorafa", {"batch_size": 8},
+        {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)}, _SEEDS_1),
+    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3},
+        {"paper": (1e-7, 5e-7, 1e-6), "cpu": (1e-6,)}, _SEEDS_1),
+    Row("mezo-lorafa-E16", "MeZO (LoRA-FA)", "mezo-lorafa", {"q": 1, "E": 16, "eps": 1e-2},
+        _ZO_LORAFA_LRS, _SEEDS_3),
+    Row("prge-q4-E16", "P-RGE (q = 4)", "prge", {"q": 4, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
+    Row("prge-q16-E16", "P-RGE (q = 16)", "prge", {"q": 16, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
+)
+TABLE2_LITE_ROWS = (ZERO_SHOT,) + tuple(
+    dataclasses.replace(r, seeds=_SEEDS_1) for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
+# The cpu profile runs LoRA-FA at Table 1's ZO learning rate and gives a space a second one where that rate is
+# wrong for it: MeZO on LoRA diverged at 1e-3 (loss 7.9 -> 21 by step 400; its A is perturbed and trained too, so
+# B A grows from both sides), DoRA trains A the same way, and VeRA's coordinates move the loss far less per unit
+# of step (chapter 4). The learning rate is then chosen on validation, as everywhere.
+_PEFT_CPU_LRS = {"lora": (1e-4, 1e-3), "lora-fa": (1e-3,), "dora": (1e-4, 1e-3), "vera": (1e-3, 1e-2)}
+PEFT_ROWS = tuple(
+    Row(f"mezo-{a}", label, "mezo", {"adapter": a, "q": 1, "E": 16, "eps": 1e-2},
+        {"paper": (5e-6, 5e-5, 5e-4, 5e-3), "cpu": _PEFT_CPU_LRS[a]}, _SEEDS_1)
+    for a, label in (("lora", "LoRA"), ("lora-fa", "LoRA-FA"), ("dora", "DoRA"), ("vera", "VeRA")))
+# step time and peak memory: one benchmark per (sequence length, quantization), on synthetic batches
+_BENCH_METHODS = ("mezo", "mezo-lorafa", "prge-outer", "prge-inner", "prge")
+BENCH_ROWS = {
+    # MeZO (Full) perturbs every weight in place, which INT8 / NF4 weights do not allow: quantized cells time
+    # the adapter methods only (Gao et al.'s Fig. 6, the inner loop's speedup under INT8 and NF4, does the same)
+    "runtime": tuple(Row(f"bench-{quant}", f"step time ({quant})", "bench",
+                         {"methods": _BENCH_METHODS[quant != "none":], "quant": quant, "qs": (1, 4, 16), "repeats": 5},
+                         seeds={"paper": (0,), "cpu": (0,)})
+                     for quant in QUANT_MODES),
+    # the memory grid's figures are the peaks, each measured in a fresh process, which other load on the
+    # machine does not change; one timing round suffices there (step times are the runtime grid's)
+    "memory": (Row("bench-memory", "peak memory", "bench",
+                   {"methods": ("inference", "fo", "fo-lorafa") + _BENCH_METHODS, "quant": "none", "qs": (4,),
+                    "repeats": 1},
+                   seeds={"paper": (0,), "cpu": (0,)}),),
+}
+# Chapters 8 and 9: SensZOQ's masks (Guo et al. Fig. 6a: the C4 mask against four baselines at 0.1%, and the
+# C4 mask at 1% and 0.01%) and MeBP, on the protocol of Table 1 so that chapter 9 can set them beside it. The two
+# rows chapter 9 compares with P-RGE (the C4 mask at 0.1%, MeBP) run three seeds, like Table 1's ZO rows.
+_SENSZOQ_LRS = {"paper": (1e-5, 1e-4, 5e-4), "cpu": (1e-4,)}
+ALTERNATIVE_ROWS = tuple(
+    Row(f"senszoq-{mask}-s{lr_text(sparsity)}", f"SensZOQ ({mask} mask, {100 * sparsity:g}%)", "senszoq",
+        {"mask": mask, "sparsity": sparsity, "mask_scope": "layer", "q": 1, "E": 16, "eps": 1e-3},
+        _SENSZOQ_LRS, _SEEDS_3 if (mask, sparsity) == ("c4", 1e-3) else _SEEDS_1)
+    for mask, sparsity in (("c4", 1e-3), ("task", 1e-3), ("random", 1e-3), ("largest", 1e-3), ("smallest", 1e-3),
+                           ("c4", 1e-2), ("c4", 1e-4))
+) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
+         _SEEDS_3),)
+GRIDS = {
+    "table1": {"tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"), "rows": TABLE1_ROWS,
+               "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
+    "table2-lite": {"tasks": ("boolq", "wsc", "wic", "multirc", "copa", "winogrande", "squad"),
+                    "rows": TABLE2_LITE_ROWS, "source": "Gao et al. Table 2 (Llama2-7B)"},
+    "peft": {"tasks": ("sst2",), "rows": PEFT_ROWS, "source": "Gao et al. Table 7 (OPT-1.3B)"},
+    "runtime": {"tasks": ("synthetic",), "rows": BENCH_ROWS["runtime"], "seq_lens": (64, 128, 256),
+                "source": "Gao et al. Fig. 5, 6, Tables 8 and 13"},
+    "alternatives": {"tasks": ("sst2", "rte"), "rows": ALTERNATIVE_ROWS,
+                     "source": "Guo et al. Fig. 6a (SensZOQ); Table 1's protocol for MeBP"},
+    "memory": {"tasks": ("synthetic",), "rows": BENCH_ROWS["memory"], "seq_lens": (64, 128, 256),
+               "source": "Gao et al. Fig. 7; ACL version Table 3"},
+}
+
+
+def _family(method: str) -> str:
+    return registry.get(method).family

@@ -1,0 +1,236 @@
+"""Running chapter 7's cells, locally or on a Ray cluster (``backend="ray"``).
+
+The runner skips a cell whose result exists (and refuses to go on when a result there was made with other
+settings), resumes an interrupted cell from its checkpoint (removed once the result is written), and so continues
+where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose loss turns
+non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline stops a training cell at a
+checkpoint and keeps further cells from starting.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from prge_lib.common.paths import RESULTS
+from prge_lib.common.provenance import provenance, write_result
+from prge_lib.data.splits import sample_task
+from prge_lib.data.tasks import get_task
+from prge_lib.experiments.bench.methods import bench
+from prge_lib.experiments.cells import Cell, checkpoint_root
+from prge_lib.experiments.estimates import estimate_seconds
+from prge_lib.experiments.locks import CellBusy, cell_lock
+from prge_lib.experiments.results import conflicting_results, result_differs, validate_result
+from prge_lib.models.loading import load_model
+from prge_lib.training.evaluate import zero_shot
+from prge_lib.models.options import EMBEDDED
+from prge_lib.training.checkpoints import CheckpointError
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
+
+EMBEDDED_MODEL = EMBEDDED       # what a result names when no --model was given
+BACKENDS = ("local", "ray")
+
+
+# ---------------------------------------------------------------- running one cell
+def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None,
+             progress: bool = True, threads: int | None = None, deadline: float | None = None,
+             restart: bool = False) -> Path:
+    """Run one cell (resuming its checkpoint if one exists, discarding it with ``restart``) and write its result;
+    return the result path.
+
+    The cell runs under its lock (:func:`cell_lock`): a cell another process runs raises :class:`CellBusy`. An
+    existing result made with other settings is an error, not something to overwrite silently. A training
+    cell still running at ``deadline`` raises :class:`~prge_lib.training.trainer.TrainingStopped` after saving its
+    checkpoint, and writes no result. A cell whose loss turns non-finite writes the steps it made, with
+    ``status`` "diverged". Once the result is written the cell's checkpoint folder is removed."""
+
+    path = cell.result_path(results)
+    if _result_done(cell, results):
+        return path
+    with cell_lock(cell, checkpoints):
+        if _result_done(cell, results):         # written by another process while this one waited
+            return path
+        if threads:
+            import torch
+            torch.set_num_threads(threads)
+        start = time.perf_counter()
+        if cell.kind == "zeroshot":
+            result = _run_zeroshot(cell)
+        elif cell.kind == "bench":
+            result = _run_bench(cell)
+        else:
+            result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
+        result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+                          "label": cell.row.label, "lr": cell.lr}
+        result.setdefault("seed", cell.seed)
+        result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
+        validate_result(result)
+        written = write_result(path, result)
+        # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
+        shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
+    return written
+
+
+def _result_done(cell: Cell, results: Path) -> bool:
+    """Whether ``cell``'s result exists; an error if the file there holds a run with other settings."""
+    differ = result_differs(cell, results)
+    if differ:
+        raise ValueError(f"{cell.result_path(results)} holds a result made with other settings ({differ}); "
+                         f"move it away to rerun cell {cell.name}")
+    return differ is not None
+
+
+def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None,
+               restart: bool = False) -> dict:
+
+    config = TrainConfig(**cell.config())
+    trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
+    resume = trainer.checkpoint_path().is_file() and not restart
+    try:
+        result = trainer.run(resume=resume, deadline=deadline, restart=restart)
+        result["status"] = "finished"
+    except CheckpointError as err:      # a cell resumes by the same command, not by --resume
+        raise CheckpointError(err.path, err.reason, resume="the same command") from None
+    except TrainingDiverged as diverged:
+        # the same seeds would diverge at the same step on every rerun: record the run as far as it went (its
+        # evaluations, and one at the last good state), so the grid goes on and the table can say so
+        result = trainer.summary()
+        result.update(status="diverged", diverged=str(diverged))
+    result["model"] = config.model or EMBEDDED_MODEL
+    return result
+
+
+def _run_zeroshot(cell: Cell) -> dict:
+
+    c = cell.config()
+    task = get_task(c["task"])
+    sizes = {k: c[k] for k in ("n_train", "n_val", "n_test") if k in c}
+    data = sample_task(task, c["seed"], **sizes)
+    model, tokenizer = load_model(c.get("model"), device=c.get("device", "cpu"))
+    val = zero_shot(task, model, tokenizer, data.val)["value"]
+    test = zero_shot(task, model, tokenizer, data.test)["value"]
+    point = {"step": 0, "val": val, "test": test}
+    return {"kind": "train", "task": task.name, "title": task.title, "method": "zeroshot", "metric": task.metric,
+            "seed": c["seed"], "config": {**c, "method": "zeroshot", "steps": 0}, "steps": 0,
+            "data_sizes": data.sizes(), "data_notes": data.notes, "zero_shot_val": val,
+            "best_val": point, "final": point, "evals": [point], "losses": [], "status": "finished",
+            "model": c.get("model") or EMBEDDED_MODEL}
+
+
+def _run_bench(cell: Cell) -> dict:
+
+    c = cell.config()
+    spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
+    result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"],
+                   repeats=c["repeats"])
+    result.update(kind="bench", config=c, seed=cell.seed)
+    return result
+
+
+# ---------------------------------------------------------------- running a grid
+def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
+             results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
+             cpus_per_cell: int = 1, say: Callable[[str], None] = print,
+             deadline: float | None = None, restart: bool = False) -> list[Path]:
+    """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
+    result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
+    after it, and a training cell running past it stops at a checkpoint, to resume on the next run. A cell
+    another process runs is left to it (:class:`CellBusy`); ``restart`` discards the checkpoints of the cells
+    this call runs."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    conflicts = conflicting_results(cells, results)
+    if conflicts:
+        named = "; ".join(f"{name} ({', '.join(keys)})" for name, keys in list(conflicts.items())[:5])
+        raise ValueError(f"{len(conflicts)} cells have a result under {Path(results)} made with other settings: "
+                         f"{named}{' …' if len(conflicts) > 5 else ''}. Give these runs their own --results-dir, "
+                         "or move those files away to rerun the cells")
+    todo = [c for c in cells if not c.result_path(results).is_file()]
+    checkpoints = checkpoint_root(checkpoints)
+    say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
+    if backend == "ray":
+        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline, restart)
+    from tqdm.auto import tqdm
+    paths = []
+    for i, cell in enumerate(tqdm(todo, desc="cells", disable=not progress or len(todo) < 2)):
+        if not _fits_before(cell, deadline):
+            say(f"time limit reached: {len(todo) - i} cells not run; the same command continues")
+            break
+        say(f"cell {cell.name}")
+        try:
+            paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline, restart=restart))
+        except CellBusy as busy:
+            say(str(busy))
+        except TrainingStopped as stop:
+            say(f"cell {cell.name}: {stop}; the same command resumes it")
+            break
+    return paths
+
+
+def _fits_before(cell: Cell, deadline: float | None) -> bool:
+    """Whether ``cell`` may start: a training cell until the deadline (it stops at a checkpoint when the deadline
+    comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends before it."""
+    if deadline is None:
+        return True
+    needs = 0.0 if cell.kind == "train" else estimate_seconds(cell, cell.steps())
+    return time.time() + needs < deadline
+
+
+def connect_ray(ray, address: str | None) -> None:
+    """``ray.init``: the cluster at ``address``, secured by its operators (chapter 7); with no address, a Ray
+    started on this machine with no dashboard (its web and job APIs run code for whoever reaches them) and
+    with token authentication (RAY_AUTH_MODE=token unless set otherwise; Ray 2.52 and later), so that its APIs
+    and the connections between its processes need the token Ray keeps in ~/.ray/auth_token. Where it listens
+    stays Ray's choice: Ray rewrites a loopback ``_node_ip_address`` to this machine's reachable address
+    (``ray._private.services.resolve_ip_for_localhost``, Ray 2.60), so that setting cannot confine it."""
+    found = tuple(int(part) for part in ray.__version__.split(".")[:2])
+    if found < (2, 52):
+        raise RuntimeError(f"--backend ray needs Ray 2.52 or later (token authentication); found {ray.__version__}: "
+                           f"pip install -e '.[cluster]'")
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    ray.init(include_dashboard=False, log_to_driver=False)
+
+
+def _run_on_ray(cells, address, results, checkpoints, cpus_per_cell, say, deadline=None,
+                restart=False) -> list[Path]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--backend ray needs Ray: pip install -e '.[cluster]' (or pip install ray)") from None
+    if not ray.is_initialized():
+        connect_ray(ray, address)
+    task = ray.remote(num_cpus=cpus_per_cell)(_ray_cell)
+    env = {"PRGE_DATA_DIR": os.environ.get("PRGE_DATA_DIR", ""), "PRGE_FAST": os.environ.get("PRGE_FAST", "")}
+    pending = {task.remote(cell, str(results), str(checkpoints), cpus_per_cell, env, deadline, restart): cell
+               for cell in cells}
+    paths = []
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        cell = pending.pop(done[0])
+        path, stopped = ray.get(done[0])
+        if path is None:
+            say(f"cell {cell.name}: {stopped}; the same command resumes it")
+            continue
+        paths.append(Path(path))
+        say(f"cell {cell.name} done ({len(cells) - len(pending)}/{len(cells)})")
+    return paths
+
+
+def _ray_cell(cell: Cell, results: str, checkpoints: str, threads: int, env: dict,
+              deadline: float | None = None, restart: bool = False) -> tuple[str | None, str | None]:
+    """(result path, None), or (None, why) for a cell the deadline stopped or kept from starting, or that another
+    process runs."""
+    os.environ.update({k: v for k, v in env.items() if v})
+    if not _fits_before(cell, deadline):
+        return None, "not started: time limit reached"
+    try:
+        return str(run_cell(cell, Path(results), Path(checkpoints), progress=False, threads=threads,
+                            deadline=deadline, restart=restart)), None
+    except (TrainingStopped, CellBusy) as stop:
+        return None, str(stop)
