@@ -27,12 +27,15 @@ from prge_lib.common.provenance import provenance, start_commit, write_result
 from prge_lib.data.splits import TaskData
 from prge_lib.methods import registry
 from prge_lib.models.loading import load_model, truncate_layers
-from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged, check_checkpoint_folder
+from prge_lib.models.options import EMBEDDED
+from prge_lib.training.checkpoints import check_checkpoint_folder
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.trainer import Trainer, TrainingDiverged
 from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
 SHARED = ("model", "dtype", "quant", "device", "layers", "targets")   # what every run of a pack must agree on
-EMBEDDED_MODEL = "SmolLM2-135M-Instruct"    # what a result names when no model was given (as the runner writes)
+EMBEDDED_MODEL = EMBEDDED    # what a result names when no model was given (as the runner writes)
 
 
 class PackStopped(RuntimeError):
