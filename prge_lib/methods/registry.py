@@ -13,18 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-import torch
+from typing import TYPE_CHECKING
 
-from prge_lib.methods.adapters import add_adapter
-from prge_lib.methods.base import Method
-from prge_lib.methods.fo import FirstOrder
-from prge_lib.methods.mebp import MeBP
-from prge_lib.methods.senszoq.sensitivity import check_mask_settings
-from prge_lib.methods.senszoq.sparse import build_senszoq
-from prge_lib.models.loading import truncate_layers
-from prge_lib.zo.lora import inject_lorafa
-from prge_lib.zo.mezo import MeZOFull
-from prge_lib.zo.prge import PRGE
+if TYPE_CHECKING:       # the builders import their method's module when they run: reading names is light
+    from prge_lib.methods.base import Method
 
 FAMILIES = ("zo", "fo")     # zeroth-order (ZO-SGD on q seeded queries) or first-order (backpropagation)
 # Settings that only some methods read; a spec names those its method reads (``uses``). For the other methods
@@ -33,7 +25,7 @@ NULLED = ("eps", "q", "E", "inner", "sparsity", "mask", "mask_scope")
 REFUSED = ("adapter", "noise", "program", "mmap_dir")
 
 Config = Any        # a resolved TrainConfig, read by attribute
-Builder = Callable[[Config, torch.nn.Module, Any, Callable[[], list] | None], Method]
+Builder = Callable[[Config, Any, Any, Callable[[], list] | None], "Method"]
 
 
 @dataclass(frozen=True)
@@ -114,27 +106,39 @@ def users(setting: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------------- the methods
 def _truncated(config: Config, model):
     """``model`` cut to its first ``config.layers`` decoder layers, when set."""
+    from prge_lib.models.loading import truncate_layers
+
     if config.layers is not None:
         truncate_layers(model, config.layers)
     return model
 
 
-def _build_first_order(c: Config, model, tokenizer=None, task_batches=None, *, lorafa: bool) -> FirstOrder:
+def _build_first_order(c: Config, model, tokenizer=None, task_batches=None, *, lorafa: bool):
+    import torch
+
+    from prge_lib.methods.fo import FirstOrder
+
     if lorafa:
         torch.manual_seed(c.seed)     # peft draws A from torch's global generator
     return FirstOrder(model, c.lr, c.optimizer, lorafa, c.targets, c.r, c.alpha)
 
 
-def _build_mezo(c: Config, model, tokenizer=None, task_batches=None) -> MeZOFull:
+def _build_mezo(c: Config, model, tokenizer=None, task_batches=None):
     """MeZO over every weight, or over a peft adapter's trainable parameters (prge_lib.methods.adapters)."""
+    from prge_lib.methods.adapters import add_adapter
+    from prge_lib.zo.mezo import MeZOFull
+
     if c.adapter == "none":
         return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
     model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
     return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
 
 
-def _build_prge(c: Config, model, tokenizer=None, task_batches=None) -> PRGE:
+def _build_prge(c: Config, model, tokenizer=None, task_batches=None):
     """P-RGE on LoRA-FA layers injected into ``model`` (mezo-lorafa: q = 1)."""
+    from prge_lib.zo.lora import inject_lorafa
+    from prge_lib.zo.prge import PRGE
+
     if c.program is not None:
         raise ValueError("a config with a program trains through the runtime host: Trainer(config, "
                          "method_builder=prge_lib.deploy.runtime.build_program_method), or prge device-train")
@@ -144,13 +148,17 @@ def _build_prge(c: Config, model, tokenizer=None, task_batches=None) -> PRGE:
 
 def _build_senszoq(c: Config, model, tokenizer=None, task_batches=None):
     """SensZOQ; its C4 mask needs the ``tokenizer``, a "task" mask ``task_batches()``."""
+    from prge_lib.methods.senszoq.sparse import build_senszoq
+
     batches = task_batches() if c.mask == "task" else None
     return build_senszoq(_truncated(c, model), tokenizer, mask=c.mask, sparsity=c.sparsity, scope=c.mask_scope,
                          quant=c.quant, q=c.q, eps=c.eps, lr=c.lr, seed=c.seed, task_batches=batches,
                          outer=c.outer and c.q > 1, inner=bool(c.inner))
 
 
-def _build_mebp(c: Config, model, tokenizer=None, task_batches=None) -> MeBP:
+def _build_mebp(c: Config, model, tokenizer=None, task_batches=None):
+    from prge_lib.methods.mebp import MeBP
+
     return MeBP(_truncated(c, model), c.lr, c.r, c.alpha, c.targets, c.quant, c.mmap_dir, c.seed)
 
 
@@ -169,6 +177,8 @@ def _check_prge(c: Config) -> None:
 
 
 def _check_senszoq(c: Config) -> None:
+    from prge_lib.methods.senszoq.sensitivity import check_mask_settings
+
     check_mask_settings(c.mask, c.sparsity, c.mask_scope)
 
 

@@ -1,0 +1,97 @@
+"""``prge reproduce``: the cells of a paper table, resumable (chapter 7)."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from prge_lib.cli.common import EXIT_CELLS_LEFT
+from prge_lib.models.options import EMBEDDED
+from prge_lib.training.checks import check_numbers
+
+
+
+def run_reproduce(args) -> int:
+    from prge_lib.experiments import reproduce as rp
+
+    roots = {"results": Path(args.results_dir) if args.results_dir else rp.RESULTS,
+             "checkpoints": rp.checkpoint_root(args.checkpoint_root)}
+    if args.summary:                    # reads the result files only: no cell, device or time limit involved
+        csv_path, md_path = rp.write_summary(args.grid, roots["results"], args.profile)
+        print(md_path.read_text(), end="")
+        print(f"-> {csv_path}, {md_path}", file=sys.stderr)
+        return 0
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(v) for v in args.seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
+        check_numbers({"seed": seeds})
+    overrides = {"steps": args.steps} if args.steps else {}
+    if args.device != "cpu":
+        benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
+        if args.grid in benchmarks:
+            raise ValueError(f"--device {args.device}: the {args.grid!r} grid times this machine's CPU, so it has "
+                             f"no device option; --device applies to the other grids, not to {benchmarks}")
+        from prge_lib.models.loading import check_device
+        check_device(args.device)      # before any cell starts, naming what this torch can use
+        overrides["device"] = args.device
+    cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
+    if not cells:
+        raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
+                         f"prge reproduce {args.grid} --list shows the names")
+    if args.list or args.dry_run:
+        print(rp.list_cells(cells, **roots))
+        if args.dry_run:
+            for cell in cells:
+                if not cell.result_path(roots["results"]).is_file():
+                    print(f"would run: {cell.command()}")
+        return 0
+    deadline = None
+    if args.time_limit is not None:
+        if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+            raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
+        deadline = time.time() + 60 * args.time_limit
+    rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
+                say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
+                **roots)
+    left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
+    if left:                            # the time limit stopped the grid, or a Ray task stopped
+        print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
+              f"(exit status {EXIT_CELLS_LEFT})", file=sys.stderr)
+        return EXIT_CELLS_LEFT
+    return 0
+
+
+def reproduce_options(rp) -> None:
+    from prge_lib.experiments.reproduce import BACKENDS, GRIDS, PROFILES
+
+    rp.add_argument("grid", choices=list(GRIDS), help="the table to reproduce")
+    rp.add_argument("--profile", default="cpu", choices=PROFILES,
+                    help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
+    rp.add_argument("--only", default=None,
+                    help="run the cells whose name contains this text (comma-separated: all must match)")
+    rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
+    rp.add_argument("--list", action="store_true", help="show each cell as done / running / partial / missing / "
+                                                         "unreadable, with the time left, and exit")
+    rp.add_argument("--restart", action="store_true",
+                    help="discard the checkpoints of the cells it runs and start them again (instead of resuming)")
+    rp.add_argument("--dry-run", action="store_true", help="--list, plus the command of every cell to run")
+    rp.add_argument("--summary", action="store_true",
+                    help="write summary.csv and summary.md from the grid's result files (and run nothing)")
+    rp.add_argument("--backend", default="local", choices=BACKENDS,
+                    help="local: one cell after another in this process; ray: cells as Ray tasks")
+    rp.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    rp.add_argument("--cpus-per-cell", type=int, default=1, help="Ray: CPUs (and torch threads) per cell")
+    rp.add_argument("--steps", type=int, default=None, help="override every training cell's steps")
+    rp.add_argument("--model", default=None, help=f"hub id or local folder (default: the embedded {EMBEDDED})")
+    rp.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                    help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
+                    "running training cell stops at a checkpoint that the same command resumes")
+    rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
+                    "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
+    rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
+    rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
+    rp.set_defaults(run=run_reproduce)

@@ -1,0 +1,142 @@
+"""``prge zeroshot`` (a task's score without training; chapter 0) and ``prge train`` (one run of any method; chapters 1–9)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from prge_lib.cli.common import add_config_options, add_model_options, note
+from prge_lib.common.provenance import provenance, write_result
+from prge_lib.common.settings import seed_everything
+from prge_lib.data.tasks import TASKS
+from prge_lib.models.options import EMBEDDED
+
+
+
+def run_zeroshot(args) -> int:
+    from prge_lib.data.splits import sample_task
+    from prge_lib.training.evaluate import zero_shot
+    from prge_lib.models.loading import load_model
+    from prge_lib.data.tasks import get_task
+
+    task = get_task(args.task)
+    seed_everything(args.seed)
+    start = time.perf_counter()
+    data = sample_task(task, seed=args.seed)
+    examples = data.test if args.n is None else data.test[:args.n]
+    model, tokenizer = load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)
+    result = zero_shot(task, model, tokenizer, examples, batch_size=args.batch_size)
+    wall = time.perf_counter() - start
+    template = task.prompt(examples[0]) if task.kind != "mch" else " | ".join(
+        c + x for c, x in task.options(examples[0]))
+    output = {
+        "kind": "zeroshot", "task": task.name, "title": task.title, "model": model.name_or_path,
+        "dtype": args.dtype, "quant": args.quant, "split": "test", "seed": args.seed,
+        "metric": result["metric"], "value": result["value"], "n": result["n"],
+        "diagnostics": {k: result[k] for k in ("prediction_share", "auc", "exact_match") if k in result},
+        "template_example": template, "label_words": list(task.label_words),
+        "data_notes": data.notes + ([f"first {args.n} of the {len(data.test)} test examples"] if args.n else []),
+        "predictions": result["predictions"],
+        "provenance": provenance(wall),
+    }
+    write_result(args.out, output)
+    print(f"{task.title}: {result['metric']} = {100 * result['value']:.1f}% on n = {result['n']} "
+          f"({model.name_or_path}, {wall:.0f} s) -> {args.out}")
+    return 0
+
+
+def run_train(args) -> int:
+    from prge_lib.zo.lora import save_adapter
+    from prge_lib.methods import registry
+    from prge_lib.training.checkpoints import CHECKPOINT_NAME, check_checkpoint_folder
+    from prge_lib.training.config import TrainConfig
+    from prge_lib.training.trainer import Trainer, TrainingDiverged
+
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                            if hasattr(args, f.name)})
+    config.resolved()      # refuse bad settings before loading anything
+    if config.program:
+        from prge_lib.deploy.export import check_program
+        check_program(config.program, say=note)
+    for option in ("resume", "restart"):
+        if getattr(args, option) and not args.checkpoint_dir:
+            raise ValueError(f"--{option} needs --checkpoint-dir (the folder of the run to continue or discard)")
+    if args.checkpoint_dir:     # an existing checkpoint is continued or discarded, never overwritten unasked
+        check_checkpoint_folder(Path(args.checkpoint_dir) / CHECKPOINT_NAME, args.resume, args.restart)
+    start = time.perf_counter()
+    builder = None
+    if config.program:      # every step in an exported program: the runtime host builds the method
+        from prge_lib.deploy.runtime import build_program_method as builder
+    trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
+    status, message = "finished", None
+    try:
+        result = trainer.run(resume=args.resume, restart=args.restart)
+    except KeyboardInterrupt:
+        saved = trainer.checkpoint_path()
+        where = f"the last checkpoint ({saved}) is kept: rerun with --resume" if saved and saved.is_file() \
+            else "no checkpoint was written (use --checkpoint-dir)"
+        print(f"prge: interrupted during step {trainer.step + 1}; {where}", file=sys.stderr)
+        return 130
+    except TrainingDiverged as err:
+        status, message = "diverged", str(err)
+        result = {"kind": "train", "task": config.task, "method": config.method, "seed": config.seed,
+                  "config": dataclasses.asdict(trainer.config), "steps": trainer.step, "losses": trainer.history["losses"],
+                  "evals": trainer.history["evals"]}
+    result.update({"status": status, "model": config.model or EMBEDDED,
+                   "provenance": provenance(time.perf_counter() - start)})
+    if message:
+        result["error"] = message
+    write_result(args.out, result)
+    if message:
+        print(f"prge: error: {message}; partial result -> {args.out}", file=sys.stderr)
+        return 3
+    if args.save_adapter:
+        # the methods over prge_lib.zo.lora's LoRA-FA layers: those whose noise source can be chosen
+        lorafa = registry.users("noise")
+        if config.method not in lorafa:
+            label = config.method if config.adapter == "none" else f"{config.method} --adapter {config.adapter}"
+            print(f"prge: --save-adapter applies to {' and '.join(lorafa)} only; not saved for {label}",
+                  file=sys.stderr)
+        else:
+            save_adapter(trainer.model, args.save_adapter, {"task": config.task, "method": config.method})
+    best, final = result["best_val"], result["final"]
+    print(f"{result['title']} {config.method}: {len(result['losses'])} steps, median "
+          f"{result['step_time_s']['median']:.3f} s/step; test {100 * best['test']:.1f} at the best validation "
+          f"step {best['step']} (val {100 * best['val']:.1f}), {100 * final['test']:.1f} at the end -> {args.out}")
+    return 0
+
+
+def method_defaults() -> str:
+    """``prge train``'s description: each registered method's defaults, and those over a peft adapter."""
+    from prge_lib.methods import registry
+
+    def listed(values) -> str:
+        return ", ".join(f"{k}={v}" for k, v in values.items())
+
+    specs = [registry.get(m) for m in registry.names()]
+    return ("Defaults per method (each with its source in prge_lib.methods.registry): "
+            + "; ".join(f"{s.name}: {listed(s.defaults)}" for s in specs)
+            + "".join(f"; {s.name} with an adapter: {listed(s.adapter_defaults)}" for s in specs if s.adapter_defaults))
+
+
+def zeroshot_options(zs) -> None:
+    zs.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    zs.add_argument("--n", type=int, default=None, help="evaluate the first N test examples (default: all)")
+    zs.add_argument("--seed", type=int, default=0, help="data sampling seed (default 0)")
+    zs.add_argument("--batch-size", type=int, default=16)
+    add_model_options(zs)
+    zs.add_argument("--out", required=True, help="where to write the JSON result")
+    zs.set_defaults(run=run_zeroshot)
+
+
+def train_options(tr) -> None:
+    add_config_options(tr)
+    tr.add_argument("--checkpoint-dir", default=None, help="folder for the checkpoint (written atomically)")
+    tr.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint-dir")
+    tr.add_argument("--restart", action="store_true",
+                    help="discard the checkpoint in --checkpoint-dir and start the run again (without --resume or "
+                         "--restart, an existing checkpoint is refused)")
+    tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
+    tr.add_argument("--out", required=True, help="where to write the JSON result")
+    tr.set_defaults(run=run_train)
