@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from prge_lib.models.loading import QUANT_MODES
+from prge_lib.data.tasks import TABLE1_TASKS
+from prge_lib.models.options import QUANT_MODES
 from prge_lib.methods import registry
 
 PROFILES = ("cpu", "paper")
@@ -98,7 +99,7 @@ ALTERNATIVE_ROWS = tuple(
 ) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
          _SEEDS_3),)
 GRIDS = {
-    "table1": {"tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"), "rows": TABLE1_ROWS,
+    "table1": {"tasks": TABLE1_TASKS, "rows": TABLE1_ROWS,
                "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
     "table2-lite": {"tasks": ("boolq", "wsc", "wic", "multirc", "copa", "winogrande", "squad"),
                     "rows": TABLE2_LITE_ROWS, "source": "Gao et al. Table 2 (Llama2-7B)"},

@@ -8,6 +8,8 @@ accuracy in % except SQuAD (F1). CB is not in either table.
 """
 from __future__ import annotations
 
+from prge_lib.data.tasks import TABLE1_TASKS
+
 ZERO_SHOT = {
     "TinyLlama-1.1B (Gao et al. Table 1)": {
         "sst2": 55.3, "rte": 52.3, "mrpc": 68.3, "qqp": 32.8, "qnli": 52.7, "wnli": 43.6,
@@ -33,7 +35,7 @@ TABLE1 = {
 # Keys are Table 1's row keys for the variants the runner trains (MeZO (LoRA-FA) without the inner loop, P-RGE
 # with both loops); the "-outer" and "-inner" keys are the table's other variants.
 TABLE12_MINUTES = {
-    "tasks": ("sst2", "rte", "mrpc", "qqp", "qnli", "wnli"),
+    "tasks": TABLE1_TASKS,     # the table's columns, in the order of Table 1
     "mezo-E16": (38.31, 61.51, 45.71, 40.76, 46.30, 43.57),
     "mezo-lorafa-E16": (34.66, 55.53, 35.45, 35.00, 37.44, 34.40),
     "mezo-lorafa-inner": (23.55, 54.07, 35.72, 28.76, 36.59, 33.22),
