@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import torch
 
 from prge_lib.common.measure import PeakMemory, held_mib, time_steps, timed_and_metered
-from prge_lib.models.loading import QUANT_MODES, load_model
+from prge_lib.models.loading import load_model
+from prge_lib.models.options import QUANT_MODES
 from prge_lib.models.objective import synthetic_batch
 from prge_lib.methods import registry
 from prge_lib.training.config import TrainConfig
