@@ -135,3 +135,12 @@ def test_the_fused_step_reads_nothing_on_the_host(tiny_factory, monkeypatch):
     record = fused_module.host_record(out)                 # after the step: one copy to the host
     assert record == reference.step(batch, 0)
     assert method.step(batch, 1)["finite"]
+
+
+def test_the_benchmark_times_every_step_kind(tiny_factory):
+    from prge_lib.experiments.bench.fused import per_layer_vs_fused
+
+    batch = synthetic_batch(1, 4, tiny_factory().config.vocab_size)
+    result = per_layer_vs_fused(lambda: tiny_factory(0, 1), batch, q=2, r=4, steps=1, warmup=0)
+    assert result["layers"] == 7 and result["adapter_size"] == 4 * (64 + 32 + 32 + 64 + 128 + 128 + 64)   # r · Σ out
+    assert all(result[k] > 0 for k in ("per_layer_redraw_s", "per_layer_kept_s", "fused_s", "speedup"))
