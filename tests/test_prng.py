@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from prge_lib.zo.prng import MASK32, _mul32, counter_normal, mix32, tensor_key
+from prge_lib.zo.prng import MASK32, _mul32, counter_normal, counter_normal_seeds, mix32, tensor_key
 
 
 def test_mul32_matches_python_integers():
@@ -101,3 +101,14 @@ def test_a_draw_at_an_offset_is_a_slice_of_the_long_draw(offset, numel):
     """What lets a program draw every layer's noise in one call and the eager layers draw their own part."""
     long = counter_normal(3, 0, (64,))
     assert torch.equal(counter_normal(3, 0, (numel,), offset=offset), long[offset:offset + numel])
+
+
+@pytest.mark.parametrize("offset,numel", [(0, 8), (3, 10), (7, 1)])
+def test_many_seeds_in_one_call_equal_one_seed_at_a_time(offset, numel):
+    seeds = [3, 2**40 + 1, 3, 0]
+    z = counter_normal_seeds(torch.tensor(seeds), 2, numel, offset)
+    assert z.shape == (len(seeds), numel)
+    for row, seed in zip(z, seeds):
+        assert torch.equal(row, counter_normal(seed, 2, (numel,), offset=offset))
+    with pytest.raises(ValueError, match=r"\(q,\) tensor, got shape \(2, 2\)"):
+        counter_normal_seeds(torch.zeros(2, 2, dtype=torch.int64), 0, 4)

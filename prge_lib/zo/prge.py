@@ -63,19 +63,30 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
         return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
 
 
-def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
-                     inner: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def device_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
+                  inner: bool = True) -> torch.Tensor:
     """The 2q losses of a step's copies (s_i, ±ε), forwarded in the groups of :func:`forward_groups` with
-    ``layers`` :func:`perturbed`: a (2, q) tensor of ``dtype`` (row 0 ℓ⁺, row 1 ℓ⁻), the projected gradients
-    g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) in that dtype, and whether every loss is finite.
+    ``layers`` :func:`perturbed`: a (2, q) tensor (row 0 ℓ⁺, row 1 ℓ⁻) of the losses' dtype (fp32 or fp64) left
+    on the model's device.
     ``layers``: LoRA-FA layers, or any layers that read ``copies`` the same way (SensZOQ's sparse values)."""
     q = len(seeds)
-    losses = torch.empty(2, q, dtype=dtype)
+    values, order = [], []
     for group in forward_groups(q, outer, inner):
         with perturbed(layers, [(seeds[i], sign * eps) for i, sign in group]):
-            values = copy_losses(model, batch.repeat(len(group)), len(group)).cpu()
-        for (i, sign), value in zip(group, values):
-            losses[0 if sign > 0 else 1, i] = value
+            values.append(copy_losses(model, batch.repeat(len(group)), len(group)))
+        order += [(0 if sign > 0 else 1) * q + i for i, sign in group]
+    flat = torch.cat(values)
+    if order != list(range(2 * q)):       # forwards in another order than ℓ⁺ then ℓ⁻: put each loss in place
+        position = {k: n for n, k in enumerate(order)}
+        flat = torch.stack([flat[position[k]] for k in range(2 * q)])
+    return flat.view(2, q)
+
+
+def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
+                     inner: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The losses of :func:`device_losses` on the host, as a (2, q) tensor of ``dtype``, the projected gradients
+    g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) in that dtype, and whether every loss is finite."""
+    losses = device_losses(model, layers, batch, seeds, eps, outer, inner).cpu().to(dtype)
     return losses, (losses[0] - losses[1]) / (2 * eps), bool(torch.isfinite(losses).all())
 
 

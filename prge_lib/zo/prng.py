@@ -68,13 +68,34 @@ def counter_normal(seed: torch.Tensor | int, index: int, shape: tuple[int, ...] 
     key = tensor_key(seed, index)
     if device is not None:
         key = key.to(device)
+    return _normal_run(key, offset, numel).reshape(tuple(shape)).to(dtype)
+
+
+def counter_normal_seeds(seeds: torch.Tensor, index: int, numel: int, offset: int = 0,
+                         device: torch.device | str | None = None) -> torch.Tensor:
+    """Elements ``offset`` … ``offset + numel − 1`` of tensor ``index``'s stream under each of the (q,) int64
+    ``seeds``, as a (q, numel) float32 tensor in one vectorized computation: row i equals
+    ``counter_normal(seeds[i], index, (numel,), offset=offset)`` bit for bit (the counters are hashed once and
+    combined with the q keys by broadcasting). What draws a whole step's noise at once (chapter 10)."""
+    seeds = torch.as_tensor(seeds, dtype=torch.int64)
+    if seeds.dim() != 1:
+        raise ValueError(f"seeds must be a (q,) tensor, got shape {tuple(seeds.shape)}")
+    key = tensor_key(seeds, index)
+    if device is not None:
+        key = key.to(device, non_blocking=True)       # q keys made on the host: the copy need not wait
+    return _normal_run(key.unsqueeze(1), offset, numel)
+
+
+def _normal_run(key: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
+    """Normal draws ``offset`` … ``offset + numel − 1`` under ``key`` (a 0-d key gives (numel,), a (q, 1) key
+    gives (q, numel)): the counter hash and Box–Muller of :func:`counter_normal`."""
     first, last = offset // 2, (offset + numel - 1) // 2                 # the Box–Muller pairs touched
     counters = torch.arange(2 * first, 2 * (last + 1), dtype=torch.int64, device=key.device)
     # hashing the counter before the key enters keeps two tensors' counter ranges from overlapping
     bits = _shr(mix32(mix32(counters) ^ key), 8)                         # 24 random bits per counter
     u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))              # in (0, 1), never 0 or 1
-    radius = torch.sqrt(-2.0 * torch.log(u[0::2]))
-    angle = (2 * math.pi) * u[1::2]
-    z = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1).reshape(-1)
+    radius = torch.sqrt(-2.0 * torch.log(u[..., 0::2]))
+    angle = (2 * math.pi) * u[..., 1::2]
+    z = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1).flatten(-2)
     start = offset - 2 * first
-    return z[start:start + numel].reshape(tuple(shape)).to(dtype)
+    return z[..., start:start + numel]

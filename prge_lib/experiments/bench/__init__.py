@@ -1,4 +1,4 @@
 """Benchmarks: the methods' step time and memory (``methods``), their footprint (``footprint``), MeBP's
-(``mebp``), an exported program's step against the eager one (``program``) and packed ZO runs against the
-same runs alone (``packing``).
+(``mebp``), an exported program's step against the eager one (``program``), packed ZO runs against the
+same runs alone (``packing``) and the per-layer P-RGE step against the fused one (``fused``).
 """
