@@ -20,8 +20,8 @@ from typing import Sequence
 
 import torch
 
-from prge_lib.models.objective import Batch, copy_losses
-from prge_lib.zo.lora import LoRAFALinear, keeping_noise, perturbed
+from prge_lib.models.objective import Batch
+from prge_lib.zo.lora import LoRAFALinear, keeping_noise
 from prge_lib.zo.prge import PRGE, device_losses, step_record, step_seeds
 from prge_lib.zo.prng import counter_normal_seeds
 from prge_lib.zo.rge import check_zo_dtype
