@@ -1,3 +1,4 @@
-"""Training: the config, the trainer shared by every method (data order, evaluation, checkpoints, resume,
-result) in ``trainer``, and zero-shot evaluation (``evaluate``).
+"""Training: the config of a run (``config``), the checks made before any work (``checks``), checkpoints read
+back as data (``checkpoints``), the trainer shared by every method (``trainer``: data order, evaluation, resume,
+result), several runs trained in one forward (``packed``), and zero-shot evaluation (``evaluate``).
 """
