@@ -219,3 +219,19 @@ def test_a_local_ray_starts_without_dashboard_and_with_token_auth(monkeypatch):
 
 def test_the_cluster_extra_asks_for_a_ray_with_token_auth():
     assert '"ray>=2.52"' in (REPO / "pyproject.toml").read_text()
+
+
+def test_sampled_rows_from_any_source_are_checked():
+    """Rows that come from the hub or the shipped pools (not read from a data folder's file) are checked once
+    sampled: a label outside the task's classes names the split and the example."""
+    from prge_lib.data.pools import DataFormatError
+    from prge_lib.data.splits import sample_rows
+    from prge_lib.data.tasks import get_task
+
+    task = get_task("sst2")
+    rows = [{"sentence": f"a film number {i}", "label": i % 2} for i in range(40)]
+    data = sample_rows(task, rows, rows[:10], seed=0, n_train=20, n_val=10, n_test=10)
+    assert len(data.train) == 20 and len(data.test) == 10
+    bad = [dict(row, label=5) if i == 3 else row for i, row in enumerate(rows)]
+    with pytest.raises(DataFormatError, match=r"task 'sst2', (train|validation) example \d+ of seed 0: .*label 5"):
+        sample_rows(task, bad, rows[:10], seed=0, n_train=30, n_val=10, n_test=10)

@@ -146,6 +146,9 @@ def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int 
         train = [evaluation[i] for i in order[size["test"]:size["test"] + size["train"]]]
         start = size["test"] + size["train"]
         val = [evaluation[i] for i in order[start:start + size["val"]]]
+    for name, rows in (("train", train), ("validation", val), ("test", test)):
+        for k, row in enumerate(rows):     # rows from the hub or the shipped pools too, not only a data folder's
+            check_row(task, row, f"task {task.name!r}, {name} example {k} of seed {seed}")
     return TaskData(task.name, seed, train, val, test, notes)
 
 
