@@ -1,6 +1,7 @@
 """Checks of the book itself.
 
-Fast: notebooks tracked by git carry no outputs; every chapter is a MyST notebook.
+Fast: notebooks tracked by git carry no outputs; every chapter is a MyST notebook; the chapter times
+table in README and the intro is the recorded one.
 Slow: the HTML build (warnings are errors), and chapter 0 opened in headless Chromium with
 all traffic kept on this machine: equations typeset, the cell-output figure shown, nothing
 loaded from another host.
@@ -85,6 +86,16 @@ def test_chapter_is_myst_notebook(chapter):
 
 def test_book_has_chapters():
     assert CHAPTERS, "no chapter book/NN_*.md found"
+
+
+@pytest.mark.parametrize("page", ["README.md", "book/intro.md"])
+def test_chapter_times_table_is_the_recorded_one(page):
+    """The table of chapter execution times in README and the intro is the one
+    data/results/book/chapter_times.json gives (tools/run_chapters.py --table)."""
+    runner = runpy.run_path(str(ROOT / "tools" / "run_chapters.py"))
+    expected = runner["table"](runner["read_times"]())
+    assert runner["pasted"](ROOT / page) == expected, \
+        f"{page}: the chapter times table is stale; run `python tools/run_chapters.py --paste`"
 
 
 # ---------------------------------------------------------------- HTML build

@@ -1,0 +1,92 @@
+"""The chapter runner's bookkeeping (tools/run_chapters.py): times kept per mode without losing any, the
+progress line, the table; and one run on a one-cell notebook."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = runpy.run_path(str(ROOT / "tools" / "run_chapters.py"))
+PROV = {"command": "test"}
+
+
+def test_record_keeps_the_other_mode_and_other_chapters(tmp_path):
+    times = tmp_path / "book" / "chapter_times.json"
+    runner["record"]("00_a", 12.34, "full", times, PROV)
+    runner["record"]("01_b", 3.0, "fast", times, PROV)
+    runner["record"]("00_a", 2.0, "fast", times, PROV)
+    runner["record"]("00_a", 20.0, "full", times, PROV)          # a new time replaces that mode's entry only
+    assert json.loads(times.read_text()) == {
+        "full": {"00_a": {"seconds": 20.0, "provenance": PROV}},
+        "fast": {"00_a": {"seconds": 2.0, "provenance": PROV}, "01_b": {"seconds": 3.0, "provenance": PROV}},
+    }
+
+
+def test_record_refuses_a_broken_file_and_leaves_it(tmp_path):
+    times = tmp_path / "chapter_times.json"
+    times.write_text("{not json")
+    with pytest.raises(ValueError, match="chapter_times.json is not valid JSON"):
+        runner["record"]("00_a", 1.0, "fast", times, PROV)
+    assert times.read_text() == "{not json"
+    with pytest.raises(ValueError, match="mode 'quick'"):
+        runner["record"]("00_a", 1.0, "quick", tmp_path / "other.json", PROV)
+
+
+def test_record_writes_provenance_by_default(tmp_path):
+    times = runner["record"]("00_a", 1.5, "fast", tmp_path / "t.json")
+    assert {"commit", "versions", "hardware", "wall_time_s"} <= set(times["fast"]["00_a"]["provenance"])
+
+
+def test_progress_line_and_remaining_time():
+    times = {"full": {"00_a": {"seconds": 3600}, "02_c": {"seconds": 125}}, "fast": {"01_b": {"seconds": 5}}}
+    todo = ["00_a", "01_b", "02_c"]
+    assert runner["progress"](1, todo, 0, times, "full") == (
+        "chapter 1 of 3: 00_a, elapsed 0 s, recorded time of what remains (full mode): "
+        "1 h 02 min (without 01_b: not recorded yet)")
+    assert runner["progress"](3, todo, 3725, times, "full") == (
+        "chapter 3 of 3: 02_c, elapsed 1 h 02 min, recorded time of what remains (full mode): 2 min 05 s")
+    assert runner["remaining"](times, "fast", ["00_a", "02_c"]) == "not recorded yet"
+    assert runner["remaining"]({}, "full", ["00_a"]) == "not recorded yet"
+
+
+def test_table_and_paste(tmp_path):
+    source = tmp_path / "book"
+    source.mkdir()
+    (source / "00_a.md").write_text("# 0. First\n")
+    (source / "01_b.md").write_text("no heading\n")
+    text = runner["table"]({"fast": {"00_a": {"seconds": 42}}, "full": {"00_a": {"seconds": 600.4}}}, source)
+    assert text.splitlines()[2:] == ["| 0. First | 10 min 00 s | 42 s |",
+                                     "| 01_b | not recorded yet | not recorded yet |"]
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{runner['BEGIN']}\nold table\n{runner['END']}\nafter\n")
+    assert runner["paste"](text, page) and not runner["paste"](text, page)
+    assert runner["pasted"](page) == text
+    assert page.read_text().startswith("before\n") and page.read_text().endswith("\nafter\n")
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="page.md: expected one"):
+        runner["paste"](text, page)
+
+
+def test_run_executes_only_notebooks_without_outputs(tmp_path):
+    """A one-cell notebook runs, gets its output and its time; a second run finds nothing to do."""
+    pytest.importorskip("ipykernel")
+    stage, times = tmp_path / "stage", tmp_path / "chapter_times.json"
+    stage.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["execution"] = {"timeout": 120}
+    nbformat.write(nb, stage / "00_one.ipynb")
+    lines = []
+    assert runner["run"](stage, times, "fast", lines.append) == ["00_one"]
+    assert lines[0] == ("chapter 1 of 1: 00_one, elapsed 0 s, recorded time of what remains (fast mode): "
+                        "not recorded yet")
+    out = nbformat.read(stage / "00_one.ipynb", as_version=4).cells[0].outputs
+    assert out[0]["text"] == "1\n"
+    assert set(json.loads(times.read_text())) == {"fast"}
+    assert "00_one.ipynb" in (stage / "_config.yml").read_text()   # the build will not execute it again
+    assert runner["run"](stage, times, "fast", lines.append) == []

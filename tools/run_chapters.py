@@ -1,0 +1,203 @@
+"""Execute the staged chapters that have no outputs, and record how long each took.
+
+tools/book runs this between tools/stage_book.py and `jupyter-book build`: each staged notebook
+in build/book without outputs (new, or rewritten because its cells, settings, library code or
+result files changed) is executed with nbclient, one after the other, in the staged folder, with
+the per-cell timeout of its metadata; the outputs are written back, so the build finds every
+chapter executed. Before each chapter a line says where the run is: "chapter k of n: NAME,
+elapsed ..., recorded time of what remains ..." (from the times of earlier runs in this mode).
+
+Each chapter's execution seconds go to data/results/book/chapter_times.json, under the mode
+it ran in ("fast" with PRGE_FAST=1, else "full"), with the provenance of the run. Entries of
+the other mode and of chapters not run now are kept. The table of those times in README.md
+and book/intro.md (between <!-- chapter-times --> and <!-- /chapter-times -->) is written
+again from the file after a run, so that it never shows other numbers than the file.
+
+Usage:
+    python tools/run_chapters.py            # execute, record, write the tables
+    python tools/run_chapters.py --table    # print the table (Markdown)
+    python tools/run_chapters.py --paste    # write the table into README.md and book/intro.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+
+from stage_book import CHAPTERS, SOURCE, STAGE, was_run, write_config  # noqa: E402
+
+from prge_lib.common.provenance import atomic_file, provenance  # noqa: E402
+from prge_lib.common.settings import fast_mode  # noqa: E402
+
+TIMES = ROOT / "data" / "results" / "book" / "chapter_times.json"
+MODES = ("full", "fast")
+NOT_RECORDED = "not recorded yet"
+BEGIN, END = "<!-- chapter-times -->", "<!-- /chapter-times -->"
+PAGES = (ROOT / "README.md", SOURCE / "intro.md")
+
+
+def read_times(path: Path = TIMES) -> dict:
+    """The recorded times, {mode: {chapter: {"seconds": s, "provenance": {...}}}} ({} if none yet)."""
+    if not path.exists():
+        return {}
+    try:
+        times = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); fix or remove it, it is not overwritten") from err
+    if not isinstance(times, dict) or set(times) - set(MODES):
+        raise ValueError(f"{path}: expected an object with the modes {MODES} as keys, found {sorted(times)}")
+    return times
+
+
+def record(chapter: str, seconds: float, mode: str, path: Path = TIMES, prov: dict | None = None) -> dict:
+    """Add one chapter's execution time in `mode` to the times file and return its new content. Every
+    other entry (other chapters, the other mode) stays as it was."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: expected one of {MODES}")
+    times = read_times(path)
+    times.setdefault(mode, {})[chapter] = {
+        "seconds": round(seconds, 1),
+        "provenance": prov if prov is not None else provenance(wall_time_s=seconds),
+    }
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+    return times
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a reader reads them: "45 s", "3 min 20 s", "1 h 05 min"."""
+    if seconds is None:
+        return NOT_RECORDED
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _seconds(times: dict, mode: str, chapter: str) -> float | None:
+    return (times.get(mode, {}).get(chapter) or {}).get("seconds")
+
+
+def remaining(times: dict, mode: str, chapters: list[str]) -> str:
+    """The recorded time of `chapters` in `mode`, naming those that have none."""
+    known = [_seconds(times, mode, c) for c in chapters]
+    text = duration(sum(s for s in known if s is not None))
+    missing = [c for c, s in zip(chapters, known) if s is None]
+    if len(missing) == len(chapters):
+        return NOT_RECORDED
+    return text + (f" (without {', '.join(missing)}: {NOT_RECORDED})" if missing else "")
+
+
+def progress(k: int, todo: list[str], elapsed: float, times: dict, mode: str) -> str:
+    """The line printed before the k-th (from 1) of the chapters `todo` is executed."""
+    return (f"chapter {k} of {len(todo)}: {todo[k - 1]}, elapsed {duration(elapsed)}, "
+            f"recorded time of what remains ({mode} mode): {remaining(times, mode, todo[k - 1:])}")
+
+
+def _title(chapter: Path) -> str:
+    """A chapter's heading ("3. MeZO: the seed trick"), or its file name."""
+    match = re.search(r"^# (\d+\. .+)$", chapter.read_text(), re.M)
+    return match.group(1).strip() if match else chapter.stem
+
+
+def table(times: dict, source: Path = SOURCE) -> str:
+    """The Markdown table of every chapter's recorded full and fast execution time."""
+    lines = ["| Chapter | full mode | fast mode (`PRGE_FAST=1`) |", "|---|---|---|"]
+    for chapter in sorted(source.glob(CHAPTERS)):
+        full, fast = (duration(_seconds(times, m, chapter.stem)) for m in MODES)
+        lines.append(f"| {_title(chapter)} | {full} | {fast} |")
+    return "\n".join(lines) + "\n"
+
+
+def paste(text: str, page: Path) -> bool:
+    """Put `text` between the chapter-times markers of `page`; return True if the page changed."""
+    old = page.read_text()
+    if old.count(BEGIN) != 1 or old.count(END) != 1 or old.index(BEGIN) > old.index(END):
+        raise ValueError(f"{page}: expected one {BEGIN} followed by one {END}")
+    head, rest = old.split(BEGIN)
+    new = f"{head}{BEGIN}\n{text}{END}{rest.split(END, 1)[1]}"
+    if new != old:
+        page.write_text(new)
+    return new != old
+
+
+def pasted(page: Path) -> str:
+    """The text between the chapter-times markers of `page`."""
+    return page.read_text().split(BEGIN, 1)[1].split(END, 1)[0].removeprefix("\n")
+
+
+def to_run(stage: Path = STAGE) -> list[Path]:
+    """The staged chapters without outputs, in book order."""
+    return [p for p in sorted(stage.glob(CHAPTERS.replace(".md", ".ipynb"))) if not was_run(nbformat.read(p, 4))]
+
+
+def execute(path: Path) -> float:
+    """Execute one staged notebook in its folder, write its outputs back; return the seconds it took."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    timeout = (nb.metadata.get("execution") or {}).get("timeout")
+    kernel = (nb.metadata.get("kernelspec") or {}).get("name") or "python3"
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()          # a failing cell raises: the notebook is not written, so it runs again next time
+    seconds = time.perf_counter() - start
+    nbformat.write(nb, path)
+    return seconds
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(stage: Path = STAGE, times_path: Path = TIMES, mode: str | None = None, out=_say,
+        source: Path = SOURCE) -> list[str]:
+    """Execute every staged chapter without outputs, recording each one's time; return their names.
+    A failing chapter stops the run (its error is raised); the chapters done before it keep their outputs
+    and their times."""
+    mode = mode or ("fast" if fast_mode() else "full")
+    todo = [p.stem for p in to_run(stage)]
+    start, done = time.perf_counter(), []
+    try:
+        for k, name in enumerate(todo, 1):
+            out(progress(k, todo, time.perf_counter() - start, read_times(times_path), mode))
+            record(name, execute(stage / f"{name}.ipynb"), mode, times_path)
+            done.append(name)
+    finally:
+        if done:
+            out(f"{len(done)} of {len(todo)} chapters executed in {duration(time.perf_counter() - start)} "
+                f"({mode} mode)")
+            write_config(stage, source)         # the build must not execute them again
+    return done
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", action="store_true", help="print the table of recorded times and stop")
+    parser.add_argument("--paste", action="store_true", help="write the table into README.md and book/intro.md")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(read_times()), end="")
+        return
+    if not args.paste:
+        run()
+    for page in PAGES:
+        if paste(table(read_times()), page):
+            print(f"chapter times written into {page.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
