@@ -10,6 +10,7 @@ from prge_lib.cli.common import EXIT_CELLS_LEFT
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checks import check_numbers
 
+DEFAULT_GPU_PACK = 8        # --pack's default with --device cuda (and the local backend)
 
 
 def run_reproduce(args) -> int:
@@ -38,12 +39,15 @@ def run_reproduce(args) -> int:
         from prge_lib.models.loading import check_device
         check_device(args.device)      # before any cell starts, naming what this torch can use
         overrides["device"] = args.device
+    # --pack's default: DEFAULT_GPU_PACK on a GPU with the local backend, else 1 (no packs, as before --pack)
+    pack = rp.check_pack_size(args.pack) if args.pack is not None else \
+        DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
     cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
     if not cells:
         raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
                          f"prge reproduce {args.grid} --list shows the names")
     if args.list or args.dry_run:
-        print(rp.list_cells(cells, **roots))
+        print(rp.list_cells(cells, pack=pack, **roots))
         if args.dry_run:
             for cell in cells:
                 if not cell.result_path(roots["results"]).is_file():
@@ -56,7 +60,7 @@ def run_reproduce(args) -> int:
         deadline = time.time() + 60 * args.time_limit
     rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
                 say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
-                **roots)
+                pack=pack, **roots)
     left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
     if left:                            # the time limit stopped the grid, or a Ray task stopped
         print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
@@ -92,6 +96,14 @@ def reproduce_options(rp) -> None:
                     "running training cell stops at a checkpoint that the same command resumes")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
                     "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
+    rp.add_argument("--pack", type=int, default=None, metavar="N",
+                    help="train up to N training cells in one pack, one forward per step for all of them "
+                    "(prge_lib.training.packed): the cells still to run of a packable method (prge, mezo-lorafa) "
+                    "that share model, dtype, quant, device, layers and targets are grouped by task first, then cut "
+                    "into packs of up to N (a task's last pack filled with the next task's cells); the other cells "
+                    "run alone. Each cell keeps its own lock, checkpoint and result file (which records the pack). "
+                    f"Default {DEFAULT_GPU_PACK} with --device cuda and the local backend, else 1 (no packs); "
+                    "--list prices packed cells")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
     rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
     rp.set_defaults(run=run_reproduce)

@@ -1,13 +1,17 @@
 """How long a cell of chapter 7 takes on a 2-core CPU (what ``prge reproduce --list`` prints): measured seconds
 per step of each method, scaled by the prompt lengths of the cell's task and batch, plus its evaluations; a
-benchmark cell by a fit to the committed runtime cells.
+benchmark cell by a fit to the committed runtime cells; a cell trained in a pack (``--pack``) by its share of the
+pack's step, measured where a packed result exists.
 """
 from __future__ import annotations
 
 import functools
+import json
 import random
 import statistics
+from pathlib import Path
 
+from prge_lib.common.paths import RESULTS
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import configurations
@@ -31,6 +35,10 @@ EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, 
 # faster than linearly (chapter 7: LLM.int8()'s fp16 columns grow with the rows of a call)
 BENCH_STEP_SECONDS = {"none": (3.59, 0.96), "int8": (2.12, 1.35), "nf4": (1.79, 1.06)}
 BENCH_LOAD_SECONDS = 4.0
+# A cell trained in a pack of R (``prge reproduce --pack R``) costs its steps divided by R times how many solo steps
+# one step of the pack costs. Measured where a packed result of that device exists (:func:`pack_step_share`);
+# otherwise this assumption, which claims no gain:
+PACK_ASSUMPTION = "no measured pack on this device: a pack of R priced as R solo steps"
 
 
 def _batch_examples(config: dict) -> int:
@@ -78,9 +86,52 @@ def evaluation_factor(task: str) -> float:
     return statistics.mean(lengths) * rows / (statistics.mean(sst2) * sst2_rows)
 
 
-def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
+def step_seconds(task: str, config: dict) -> float:
+    """Seconds of one training step of ``config`` on ``task`` run alone (on a 2-core CPU, as SECONDS_PER_STEP)."""
+    # MeZO on an adapter (the peft grid) is priced by its adapter, not as MeZO on every weight
+    adapter = config.get("adapter", "none")
+    if config["method"] == "mezo" and adapter != "none":
+        rate = ADAPTER_SECONDS_PER_STEP.get(adapter, SECONDS_PER_STEP["mezo-lorafa"])
+    else:
+        rate = SECONDS_PER_STEP[config["method"]]
+    return rate * prompt_length_factor(task, config)
+
+
+def device_kind(config: dict) -> str:
+    """The kind of device a cell or result config trains on ("cpu", "cuda", …; "cuda:1" is "cuda")."""
+    return str(config.get("device") or "cpu").split(":")[0]
+
+
+def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
+    """(What a packed cell's steps cost, as a fraction of its solo steps; where that figure comes from).
+
+    Measured: a packed result records its pack's step (``step_time_s`` of a packed run is the whole pack's step)
+    and the pack's size R, so one run's share of a step is the median step / R; divided by that run's solo step
+    (:func:`step_seconds`), it is the fraction that carries over to another cell. The median over the packed
+    results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
+    a run's share is taken not to depend on R). Without one: :data:`PACK_ASSUMPTION`, a share of 1."""
+    shares = []
+    for path in sorted(Path(results).rglob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+            packed, config, step = result["packed"], result["config"], result["step_time_s"]["median"]
+            if device_kind(config) != device or not step or packed["runs"] < 1:
+                continue
+            shares.append(step / packed["runs"] / step_seconds(result["task"], config))
+        except (OSError, ValueError, KeyError, TypeError):     # not a packed training result: not a measure
+            continue
+    if not shares:
+        return 1.0, PACK_ASSUMPTION
+    share = statistics.median(shares)
+    return share, (f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step is "
+                   f"{share:.2g} of its solo step")
+
+
+def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0) -> float:
     """Rough time of the rest of ``cell`` on a 2-core CPU (what --list prints): a training cell at 1 torch
-    thread beside one other cell, a benchmark cell alone on the idle machine."""
+    thread beside one other cell, a benchmark cell alone on the idle machine. ``step_share``: what the cell's
+    steps cost as a fraction of its solo steps (a cell in a pack: :func:`pack_step_share`; its evaluations
+    run alone)."""
     if cell.kind == "zeroshot":
         return EVAL_SECONDS * evaluation_factor(cell.task)
     if cell.kind == "bench":
@@ -91,11 +142,5 @@ def estimate_seconds(cell: Cell, remaining_steps: int) -> float:
         return steps * a * (c["seq_len"] / 64) ** b + (configs + 1) * c["repeats"] * BENCH_LOAD_SECONDS
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
-    # MeZO on an adapter (the peft grid) is priced by its adapter, not as MeZO on every weight
-    adapter = c.get("adapter", "none")
-    if c["method"] == "mezo" and adapter != "none":
-        rate = ADAPTER_SECONDS_PER_STEP.get(adapter, SECONDS_PER_STEP["mezo-lorafa"])
-    else:
-        rate = SECONDS_PER_STEP[c["method"]]
-    step = rate * prompt_length_factor(cell.task, c)
+    step = step_seconds(cell.task, c) * step_share
     return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)

@@ -4,13 +4,15 @@ The runner skips a cell whose result exists (and refuses to go on when a result 
 settings), resumes an interrupted cell from its checkpoint (removed once the result is written), and so continues
 where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose loss turns
 non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline stops a training cell at a
-checkpoint and keeps further cells from starting.
+checkpoint and keeps further cells from starting. With a pack size above 1 the training cells that can share a
+forward train in packs (:func:`run_pack`), each still under its own lock, checkpoint and result.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
@@ -22,12 +24,14 @@ from prge_lib.experiments.bench.methods import bench
 from prge_lib.experiments.cells import Cell, checkpoint_root
 from prge_lib.experiments.estimates import estimate_seconds
 from prge_lib.experiments.locks import CellBusy, cell_lock
+from prge_lib.experiments.packs import check_pack_size, plan_packs
 from prge_lib.experiments.results import conflicting_results, result_differs, validate_result
 from prge_lib.models.loading import load_model
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import CheckpointError
 from prge_lib.training.config import TrainConfig
+from prge_lib.training.packed import PackedTrainer, PackStopped
 from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
 EMBEDDED_MODEL = EMBEDDED       # what a result names when no --model was given
@@ -56,21 +60,34 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
         if threads:
             import torch
             torch.set_num_threads(threads)
-        start = time.perf_counter()
-        if cell.kind == "zeroshot":
-            result = _run_zeroshot(cell)
-        elif cell.kind == "bench":
-            result = _run_bench(cell)
-        else:
-            result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
-        result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
-                          "label": cell.row.label, "lr": cell.lr}
-        result.setdefault("seed", cell.seed)
-        result["provenance"] = provenance(time.perf_counter() - start, command=cell.command())
-        validate_result(result)
-        written = write_result(path, result)
-        # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
-        shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
+        return _run_held(cell, results, checkpoints, progress, deadline, restart)
+
+
+def _run_held(cell: Cell, results: Path, checkpoints: Path | None, progress: bool, deadline: float | None,
+              restart: bool) -> Path:
+    """Run ``cell``, whose lock this process holds, and write its result."""
+    start = time.perf_counter()
+    if cell.kind == "zeroshot":
+        result = _run_zeroshot(cell)
+    elif cell.kind == "bench":
+        result = _run_bench(cell)
+    else:
+        result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
+    return _write_cell_result(cell, result, results, checkpoints, time.perf_counter() - start)
+
+
+def _write_cell_result(cell: Cell, result: dict, results: Path, checkpoints: Path | None,
+                       wall_time_s: float) -> Path:
+    """Write ``result`` as ``cell``'s (its cell block, seed and provenance with the command that makes the cell
+    alone added), then remove the cell's checkpoint folder."""
+    result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+                      "label": cell.row.label, "lr": cell.lr}
+    result.setdefault("seed", cell.seed)
+    result["provenance"] = provenance(wall_time_s, command=cell.command())
+    validate_result(result)
+    written = write_result(cell.result_path(results), result)
+    # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
+    shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
     return written
 
 
@@ -101,6 +118,55 @@ def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float
         result.update(status="diverged", diverged=str(diverged))
     result["model"] = config.model or EMBEDDED_MODEL
     return result
+
+
+def run_pack(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
+             deadline: float | None = None, restart: bool = False,
+             say: Callable[[str], None] = print) -> list[Path]:
+    """Train the training cells ``cells`` (one :func:`~prge_lib.experiments.packs.pack_key`) in one pack
+    (:class:`~prge_lib.training.packed.PackedTrainer`) and write each cell's result as :func:`run_cell` would,
+    plus ``packed`` (the pack it ran in; its wall time is the pack's); return the result paths written.
+
+    Each cell holds its lock while the pack runs: a cell another process holds is left out (and said), as is one
+    whose result exists; a cell left alone runs as :func:`run_cell` runs it. Each cell resumes its own checkpoint
+    where it has one (``restart``: discards it), so a pack may join resumed and new cells. A run whose loss turns
+    non-finite is written as diverged and the others go on. At ``deadline`` the pack stops with every unfinished
+    cell's checkpoint saved and the results of the cells already through written, and raises
+    :class:`~prge_lib.training.packed.PackStopped`."""
+    with ExitStack() as locks:
+        members = []
+        for cell in cells:
+            if cell.kind != "train":
+                raise ValueError(f"cell {cell.name} is a {cell.kind} cell; a pack trains training cells only")
+            if _result_done(cell, results):
+                continue
+            try:
+                locks.enter_context(cell_lock(cell, checkpoints))
+            except CellBusy as busy:
+                say(f"{busy} (out of the pack)")
+                continue
+            if not _result_done(cell, results):     # not written by another process meanwhile
+                members.append(cell)
+        if len(members) < 2:
+            return [_run_held(cell, results, checkpoints, progress, deadline, restart) for cell in members]
+        start = time.perf_counter()
+        trainer = PackedTrainer([TrainConfig(**cell.config()) for cell in members],
+                                checkpoint_dirs=[cell.checkpoint_dir(checkpoints) for cell in members],
+                                names=[cell.name for cell in members], progress=progress)
+        resume = [t.checkpoint_path().is_file() and not restart for t in trainer.trainers]
+        try:
+            outcomes = trainer.run(resume=resume, deadline=deadline, restart=restart)
+        except CheckpointError as err:      # a cell resumes by the same command, not by --resume
+            raise CheckpointError(err.path, err.reason, resume="the same command") from None
+        except PackStopped as stop:
+            # the cells that reached their steps (or diverged) before the deadline are done: keep their results
+            for r, cell in enumerate(members):
+                if cell.name not in stop.runs:
+                    _write_cell_result(cell, trainer.result(r), results, checkpoints, time.perf_counter() - start)
+            raise
+        wall = time.perf_counter() - start
+        return [_write_cell_result(cell, outcome, results, checkpoints, wall)
+                for cell, outcome in zip(members, outcomes)]
 
 
 def _run_zeroshot(cell: Cell) -> dict:
@@ -134,14 +200,19 @@ def _run_bench(cell: Cell) -> dict:
 def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
              results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              cpus_per_cell: int = 1, say: Callable[[str], None] = print,
-             deadline: float | None = None, restart: bool = False) -> list[Path]:
+             deadline: float | None = None, restart: bool = False, pack: int = 1) -> list[Path]:
     """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
     result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
     after it, and a training cell running past it stops at a checkpoint, to resume on the next run. A cell
     another process runs is left to it (:class:`CellBusy`); ``restart`` discards the checkpoints of the cells
-    this call runs."""
+    this call runs. ``pack`` > 1 (local only): the training cells that can share a forward train in packs of
+    up to ``pack`` (:func:`~prge_lib.experiments.packs.plan_packs`, :func:`run_pack`)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    check_pack_size(pack)
+    if backend == "ray" and pack > 1:
+        raise ValueError(f"--pack {pack}: packs train in this process; with --backend ray each task runs one "
+                         f"cell, so give --pack 1")
     conflicts = conflicting_results(cells, results)
     if conflicts:
         named = "; ".join(f"{name} ({', '.join(keys)})" for name, keys in list(conflicts.items())[:5])
@@ -154,11 +225,21 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     if backend == "ray":
         return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline, restart)
     from tqdm.auto import tqdm
+    units = plan_packs(todo, pack)
     paths = []
-    for i, cell in enumerate(tqdm(todo, desc="cells", disable=not progress or len(todo) < 2)):
+    for i, unit in enumerate(tqdm(units, desc="cells", disable=not progress or len(units) < 2)):
+        cell = unit[0]
         if not _fits_before(cell, deadline):
-            say(f"time limit reached: {len(todo) - i} cells not run; the same command continues")
+            say(f"time limit reached: {sum(map(len, units[i:]))} cells not run; the same command continues")
             break
+        if len(unit) > 1:
+            say(f"pack of {len(unit)}: {', '.join(c.name for c in unit)}")
+            try:
+                paths += run_pack(unit, results, checkpoints, progress, deadline, restart, say)
+            except (PackStopped, TrainingStopped) as stop:
+                say(f"pack of {len(unit)}: {stop}; the same command resumes it")
+                break
+            continue
         say(f"cell {cell.name}")
         try:
             paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline, restart=restart))

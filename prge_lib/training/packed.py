@@ -110,15 +110,20 @@ class PackedTrainer:
         self.model, self.tokenizer, self.progress = model, tokenizer, progress
         self.diverged: dict[int, TrainingDiverged] = {}
 
-    def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> list[dict]:
+    def run(self, resume: bool | Sequence[bool] = False, deadline: float | None = None,
+            restart: bool = False) -> list[dict]:
         """Train every run to its steps and return one result per run (in config order). ``resume``,
-        ``restart`` and ``deadline`` mean what they mean for ``Trainer.run``, for every run's checkpoint;
-        at the deadline every unfinished run is checkpointed and :class:`PackStopped` raised."""
-        for trainer in self.trainers:       # every folder checked before any run starts or discards its own
-            check_checkpoint_folder(trainer.checkpoint_path(), resume, restart)
-        for r, trainer in enumerate(self.trainers):
+        ``restart`` and ``deadline`` mean what they mean for ``Trainer.run``, for every run's checkpoint
+        (``resume`` may also be one flag per run: a pack can join resumed and new runs); at the deadline
+        every unfinished run is checkpointed and :class:`PackStopped` raised."""
+        resumes = [resume] * len(self.trainers) if isinstance(resume, bool) else list(resume)
+        if len(resumes) != len(self.trainers):
+            raise ValueError(f"resume: {len(resumes)} flags given for {len(self.trainers)} runs")
+        for trainer, again in zip(self.trainers, resumes):   # every folder checked before any run starts
+            check_checkpoint_folder(trainer.checkpoint_path(), again, restart)
+        for r, (trainer, again) in enumerate(zip(self.trainers, resumes)):
             with self.pack.solo(r):
-                trainer.begin(resume, restart)
+                trainer.begin(again, restart)
         active = [r for r, trainer in enumerate(self.trainers) if trainer.step < trainer.config.steps]
         bar = tqdm(total=max(t.config.steps for t in self.trainers), initial=min(t.step for t in self.trainers),
                    desc=f"pack of {len(self.trainers)}", disable=not self.progress)
