@@ -20,7 +20,7 @@ import torch
 
 from prge_lib.common.measure import status_kib
 from prge_lib.models.objective import Batch, fit_width
-from prge_lib.zo.prge import PRGE, step_seeds
+from prge_lib.zo.prge import PRGE, projected_gradients, step_seeds
 from prge_lib.deploy.export import check_program_header, read_program_meta
 from prge_lib.deploy.program import TrainStep
 from prge_lib.training.config import TrainConfig
@@ -70,7 +70,7 @@ class RuntimeStep:
 def step_record(losses: torch.Tensor, eps: float) -> dict:
     """What a host keeps of one step from the program's losses (2, q): their mean, whether all are finite (the
     host keeps the returned adapter only then), and the projected gradients g_i = (ℓ+_i − ℓ−_i) / 2ε."""
-    g = (losses[0] - losses[1]) / (2 * eps)
+    g = projected_gradients(losses, eps)
     return {"loss": float(losses.mean()), "finite": bool(torch.isfinite(losses).all()), "projected_grad": g.tolist()}
 
 

@@ -35,7 +35,6 @@ from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
 SHARED = ("model", "dtype", "quant", "device", "layers", "targets")   # what every run of a pack must agree on
-EMBEDDED_MODEL = EMBEDDED    # what a result names when no model was given (as the runner writes)
 
 
 class PackStopped(RuntimeError):
@@ -162,7 +161,7 @@ class PackedTrainer:
         result["status"] = "diverged" if r in self.diverged else "finished"
         if r in self.diverged:
             result["diverged"] = str(self.diverged[r])
-        result["model"] = trainer.config.model or EMBEDDED_MODEL
+        result["model"] = trainer.config.model or EMBEDDED     # what a result names when no model was given
         result["packed"] = {"runs": len(self.trainers), "index": r, "name": self.names[r],
                             "with": [name for i, name in enumerate(self.names) if i != r]}
         return result

@@ -22,7 +22,7 @@ import torch
 
 from prge_lib.models.objective import Batch
 from prge_lib.zo.lora import LoRAFALinear, keeping_noise
-from prge_lib.zo.prge import PRGE, device_losses, step_record, step_seeds
+from prge_lib.zo.prge import PRGE, device_losses, projected_gradients, step_record, step_seeds
 from prge_lib.zo.prng import counter_normal_seeds
 from prge_lib.zo.rge import check_zo_dtype
 
@@ -68,7 +68,7 @@ def fused_prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: 
     given = [{seed: part[i] for i, seed in enumerate(seeds)} for part in parts]
     with keeping_noise(layers, given):
         losses = device_losses(model, layers, batch, seeds, eps, outer, inner).to(torch.float32)  # as prge_step
-    g = (losses[0] - losses[1]) / (2 * eps)                                        # Alg. 1 line 11
+    g = projected_gradients(losses, eps)                                           # Alg. 1 line 11
     finite = torch.isfinite(losses).all()
     coefficients = torch.where(finite, g, torch.zeros_like(g)) * (-lr / q)
     step = coefficients @ z                                                        # (D,): −(η/q) gᵀZ, line 14

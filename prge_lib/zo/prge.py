@@ -82,12 +82,18 @@ def device_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], e
     return flat.view(2, q)
 
 
+def projected_gradients(losses: torch.Tensor, eps: float) -> torch.Tensor:
+    """g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) from the (2, q) losses (row 0 ℓ⁺, row 1 ℓ⁻), on
+    their device and in their dtype."""
+    return (losses[0] - losses[1]) / (2 * eps)
+
+
 def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
                      inner: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The losses of :func:`device_losses` on the host, as a (2, q) tensor of ``dtype``, the projected gradients
     g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) in that dtype, and whether every loss is finite."""
     losses = device_losses(model, layers, batch, seeds, eps, outer, inner).cpu().to(dtype)
-    return losses, (losses[0] - losses[1]) / (2 * eps), bool(torch.isfinite(losses).all())
+    return losses, projected_gradients(losses, eps), bool(torch.isfinite(losses).all())
 
 
 def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
@@ -101,7 +107,7 @@ def estimate_and_update(layers: Sequence[LoRAFALinear], seeds: Sequence[int], lo
     loss is finite and ``update`` is set, B ← B − (η/q) Σ_i g_i z_i. Shared by the step above and by packed
     runs (:mod:`prge_lib.zo.packing`), which get their losses from a forward shared with other runs."""
     q = len(seeds)
-    g = (losses[0] - losses[1]) / (2 * eps)
+    g = projected_gradients(losses, eps)
     finite = bool(torch.isfinite(losses).all())
     if update and finite:
         for layer in layers:
