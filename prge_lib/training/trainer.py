@@ -35,6 +35,7 @@ from prge_lib.zo.rge import mix_seed
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
 # the methods, their families, defaults and builders: prge_lib.methods.registry
 
+
 def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
     """The order in which epoch ``epoch`` visits the ``n`` training examples: a seeded permutation."""
     return random.Random(mix_seed(seed, 0xDA7A, epoch)).sample(range(n), n)
