@@ -31,12 +31,16 @@ RAW_ROLE = re.compile(r"\{[A-Za-z][\w:+-]*\}`")
 RAW_FENCE = re.compile(r"(?m)^[ \t]*(?:```|~~~|:::)[ \t]*(?:\{|$)")
 
 
+def unavailable(message: str) -> None:
+    """Skip a test that needs something not installed here; fail in CI, which installs everything."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must install it: {message}")
+    pytest.skip(message)
+
+
 def need_chromium() -> None:
-    """Skip (fail in CI) where Debian's chromium is not installed."""
     if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install chromium (apt-get install chromium)")
-        pytest.skip("needs the package chromium (apt-get install chromium)")
+        unavailable("needs the package chromium (apt-get install chromium)")
 
 
 class Page(HTMLParser):
