@@ -137,7 +137,8 @@ def external(url: str) -> bool:
 
 
 # Measures, once the page and its fonts have loaded, what the DOM alone does not say: whether each image
-# loaded, and whether each code block's content fits its box or scrolls.
+# loaded, and whether each block of code or cell output (a code block, a printed text, an HTML table)
+# fits its box or scrolls.
 PROBE = """<script>
 window.addEventListener("load", async () => {
   await document.fonts.ready;
@@ -145,11 +146,12 @@ window.addEventListener("load", async () => {
   const report = {
     images: [...document.images].map((img) => ({
       src: img.getAttribute("src"), loaded: img.complete && img.naturalWidth > 0})),
-    code: [...document.querySelectorAll("pre")].filter((pre) => pre.offsetParent !== null).map((pre) => ({
-      output: pre.closest(".cell_output") !== null,
-      fits: fits(pre),
-      scrolls: ["auto", "scroll"].includes(getComputedStyle(pre).overflowX),
-      start: pre.textContent.trim().slice(0, 60)})),
+    blocks: [...document.querySelectorAll("pre, div.cell_output > .output")]
+      .filter((el) => el.offsetParent !== null).map((el) => ({
+        printed: el.tagName === "PRE" && el.closest(".cell_output") !== null,
+        fits: fits(el),
+        scrolls: ["auto", "scroll"].includes(getComputedStyle(el).overflowX),
+        start: el.textContent.trim().slice(0, 60)})),
     links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")),
   };
   const out = document.createElement("script");

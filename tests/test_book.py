@@ -212,8 +212,8 @@ def _broken_links(hrefs: list[str], page: str, dom: str, html_dir: Path) -> list
 def test_page_reads_well_in_a_browser(html_dir, tmp_path, page):
     """One page of the book in headless Chromium, 1280 px wide: no MyST role, directive or colon fence
     left as text; every image loaded (naturalWidth > 0); every link into the build resolves to an
-    existing file and anchor; every code block fits its box or scrolls, and output blocks fit (the
-    book's CSS wraps their long lines)."""
+    existing file and anchor; every code block and cell output fits its box or scrolls, and printed
+    outputs fit (the book's CSS wraps their long lines)."""
     need_chromium()
     name = f"{page}.html"
     with serve(html_dir, probe=True) as (base, _):
@@ -226,7 +226,7 @@ def test_page_reads_well_in_a_browser(html_dir, tmp_path, page):
     assert not missing, f"{name}: images not shown: {missing}"
     broken = _broken_links(report["links"], name, dom, html_dir)
     assert not broken, f"{name}: broken links: {broken}"
-    cut = [block["start"] for block in report["code"] if not block["fits"] and not block["scrolls"]]
-    assert not cut, f"{name}: code blocks cut off (wider than their box, no scrollbar): {cut}"
-    unwrapped = [block["start"] for block in report["code"] if block["output"] and not block["fits"]]
-    assert not unwrapped, f"{name}: output blocks wider than the page (lines not wrapped): {unwrapped}"
+    cut = [block["start"] for block in report["blocks"] if not block["fits"] and not block["scrolls"]]
+    assert not cut, f"{name}: code or output blocks cut off (wider than their box, no scrollbar): {cut}"
+    unwrapped = [block["start"] for block in report["blocks"] if block["printed"] and not block["fits"]]
+    assert not unwrapped, f"{name}: printed outputs wider than their box (lines not wrapped): {unwrapped}"

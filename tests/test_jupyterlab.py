@@ -85,9 +85,9 @@ def jupyterlab(folder: Path):
 
 
 def test_chapter_renders_myst_in_jupyterlab(tmp_path):
-    """Chapter 5 opened in JupyterLab: every Markdown cell is rendered by jupyterlab-myst, the {doc} role
-    of its first line is a link whose text is "Chapter 2", no raw MyST is shown, and nothing is loaded
-    from another host."""
+    """Chapter 5 opened in JupyterLab: every Markdown cell is rendered by jupyterlab-myst, its math is
+    typeset, the {doc} role of its first line is a link whose text is "Chapter 2", no raw MyST is shown,
+    and nothing is loaded from another host."""
     need_chromium()
     _need_jupyterlab_myst()
     cells = sum(cell.cell_type == "markdown" for cell in jupytext.read(ROOT / CHAPTER).cells)
@@ -97,6 +97,7 @@ def test_chapter_renders_myst_in_jupyterlab(tmp_path):
 
     rendered = len(re.findall(r'<div class="lm-Widget myst"', dom))
     assert rendered >= cells, f"{rendered} of the chapter's {cells} Markdown cells rendered by jupyterlab-myst"
+    assert '<span class="katex">' in dom, "no math typeset by jupyterlab-myst (KaTeX)"
     links = re.findall(r'<a\b([^>]*)>Chapter 2</a>', dom)
     assert links, "the role {doc}`Chapter 2 <02_rge>` is not rendered as a link"
     assert not any(external(href) for link in links for href in re.findall(r'href="([^"]*)"', link))
