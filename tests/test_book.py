@@ -2,9 +2,11 @@
 
 Fast: notebooks tracked by git carry no outputs; every chapter is a MyST notebook; the chapter times
 table in README and the intro is the recorded one.
-Slow: the HTML build (warnings are errors), and chapter 0 opened in headless Chromium with
-all traffic kept on this machine: equations typeset, the cell-output figure shown, nothing
-loaded from another host.
+Slow: the HTML build (warnings are errors); chapter 0 opened in headless Chromium with all traffic
+kept on this machine: equations typeset, the cell-output figure shown, nothing loaded from another
+host; and every page (the intro and each chapter) in the same browser: no raw MyST left as text, every
+image loaded, every internal link resolving to a page and anchor of the build, every code block
+fitting its box or scrolling, output blocks wrapped (book/_static/wrap-outputs.css).
 
 Run after `pytest --nbmake --overwrite build/book` (see tools/test) so that the build finds
 the notebooks already executed and does not run them again.
@@ -12,28 +14,24 @@ the notebooks already executed and does not run them again.
 
 from __future__ import annotations
 
-import os
 import re
 import runpy
-import socket
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
-from functools import partial
-from html.parser import HTMLParser
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 import yaml
+
+from browser import Page, Prose, chromium, external, need_chromium, probe_report, raw_myst, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = ROOT / "build" / "book"
 HTML = STAGE / "_build" / "html"
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
-CHROMIUM = Path("/usr/bin/chromium")
 PAGE = "00_getting_started.html"
+PAGES = ["intro", *(chapter.stem for chapter in CHAPTERS)]
 
 
 # ---------------------------------------------------------------- fast checks
@@ -98,6 +96,30 @@ def test_chapter_times_table_is_the_recorded_one(page):
         f"{page}: the chapter times table is stale; run `python tools/run_chapters.py --paste`"
 
 
+def test_raw_myst_is_found_as_a_reader_sees_it():
+    """The raw-MyST check of the browser tests finds a role left as text (its target rendered as code),
+    a fenced directive and a colon fence; MyST quoted inside inline code, braces in prose or code, and
+    scripts do not count."""
+    shown = ("<p>{doc}<code>Chapter 2 &lt;02_rge&gt;</code> showed</p>"
+             "<pre>```{code-cell} ipython3\nx = 1</pre><div><p>:::{note}</p></div>")
+    assert len(raw_myst(Prose(shown))) == 3, Prose(shown).text
+    quiet = ("<p>the role <code>{glue:text}`key`</code>, a set {1, 2}, a name {q}</p>"
+             "<pre>print(f\"{q}`\")</pre><script>let s = '{doc}`x`';</script>")
+    assert raw_myst(Prose(quiet)) == []
+
+
+def test_broken_links_are_found(tmp_path):
+    """The link check of the browser tests: a missing page or anchor is reported; pages and anchors that
+    exist, anchors added to the page by its scripts, and links to other hosts are not."""
+    (tmp_path / "a.html").write_text('<h1 id="top">A</h1>')
+    (tmp_path / "b.html").write_text('<h1 id="start">B</h1>')
+    hrefs = ["a.html", "a.html#top", "#start", "#added", "./b.html#start", "https://example.org/x.html",
+             "mailto:x@y.z", "a.html#gone", "c.html", "#gone"]
+    broken = _broken_links(hrefs, "b.html", '<h1 id="start">B</h1><p id="added"></p>', tmp_path)
+    assert broken == ["a.html#gone (no anchor #gone in a.html)", "c.html (no file c.html)",
+                      "#gone (no anchor #gone in b.html)"]
+
+
 # ---------------------------------------------------------------- HTML build
 
 
@@ -131,91 +153,13 @@ def test_html_build(html_dir):
 # ---------------------------------------------------------------- browser
 
 
-class _Page(HTMLParser):
-    """Collects what a page loads and the images inside cell outputs."""
-
-    LOADS = {"script": "src", "link": "href", "img": "src", "iframe": "src", "source": "src"}
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.loads, self.output_images, self._divs = [], [], []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "div":
-            self._divs.append("cell_output" in (attrs.get("class") or "").split())
-        if attrs.get(self.LOADS.get(tag, "")):
-            self.loads.append((tag, attrs[self.LOADS[tag]]))
-        if tag == "img" and any(self._divs):
-            self.output_images.append(attrs.get("src", ""))
-
-    def handle_endtag(self, tag):
-        if tag == "div" and self._divs:
-            self._divs.pop()
-
-
-def _external(url: str) -> bool:
-    return bool(re.match(r"(?i)(https?:)?//", url)) and not re.match(r"(?i)(https?:)?//127\.0\.0\.1[:/]", url)
-
-
-@contextmanager
-def _serve(folder: Path):
-    """Serve a folder on 127.0.0.1 (free port); yield the base URL and the request log."""
-    requests = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_request(self, code="-", size="-"):
-            requests.append((self.path.split("?")[0], int(code)))
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", requests
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _closed_port() -> int:
-    """A local port nobody listens on: the dead-end proxy for any non-local request."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _chromium(url: str, profile: Path, *extra: str) -> str:
-    """Run headless Chromium on url with the network cut off; return its stdout."""
-    command = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-extensions",
-        f"--user-data-dir={profile}",
-        # Loopback is never proxied; everything else goes to a closed local port, and
-        # no host name resolves, so no request can leave the machine.
-        f"--proxy-server=http://127.0.0.1:{_closed_port()}",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        "--virtual-time-budget=15000", *extra, url,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, f"chromium failed:\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
 def test_chapter_renders_offline(html_dir, tmp_path):
     """Chapter 0 in a real browser: MathJax ran, the figure loads, nothing is fetched remotely."""
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install chromium (apt-get install chromium)")
-        pytest.skip("needs /usr/bin/chromium (apt-get install chromium)")
+    need_chromium()
     screenshot = STAGE / "_build" / "screenshot_00.png"
-    with _serve(html_dir) as (base, requests):
-        dom = _chromium(base + PAGE, tmp_path / "dom", "--dump-dom")
-        _chromium(base + PAGE, tmp_path / "shot", f"--screenshot={screenshot}", "--window-size=1280,2400")
+    with serve(html_dir) as (base, requests):
+        dom = chromium(base + PAGE, tmp_path / "dom", "--dump-dom")
+        chromium(base + PAGE, tmp_path / "shot", f"--screenshot={screenshot}", "--window-size=1280,2400")
     html = (html_dir / PAGE).read_text()
 
     # (a) every equation of the page was typeset by MathJax, without TeX errors
@@ -227,7 +171,7 @@ def test_chapter_renders_offline(html_dir, tmp_path):
     assert not raw, f"untypeset math left in the page: {raw}"
 
     # (b) a figure from a cell output: a PNG file in the HTML folder, fetched by the browser
-    pngs = [src for src in _Page(html).output_images if src.split("?")[0].endswith(".png")]
+    pngs = [src for src in Page(html).output_images if src.split("?")[0].endswith(".png")]
     assert pngs, "no PNG image in the chapter's cell outputs"
     for src in pngs:
         path = src.split("?")[0]
@@ -235,8 +179,54 @@ def test_chapter_renders_offline(html_dir, tmp_path):
         assert ("/" + path, 200) in requests, f"the browser did not load {src}"
 
     # (c) nothing from another host, neither in the page nor added by its scripts
-    external = [load for text in (html, dom) for load in _Page(text).loads if _external(load[1])]
-    assert not external, f"page loads remote resources: {external}"
+    remote = [load for text in (html, dom) for load in Page(text).loads if external(load[1])]
+    assert not remote, f"page loads remote resources: {remote}"
     missing = [r for r in requests if r[1] >= 400 and r[0] != "/favicon.ico"]
     assert not missing, f"local resources not found: {missing}"
     assert screenshot.exists()
+
+
+def _ids(html: str) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', html))
+
+
+def _broken_links(hrefs: list[str], page: str, dom: str, html_dir: Path) -> list[str]:
+    """The links of a page to this build that point at no file, or at an anchor the target lacks."""
+    base = f"http://127.0.0.1/{page}"
+    broken = []
+    for href in hrefs:
+        url = urlsplit(urljoin(base, href))
+        if url.scheme not in {"http", "https"} or url.netloc != "127.0.0.1" or external(href):
+            continue                                         # another host, mailto:, javascript:
+        target = html_dir / url.path.lstrip("/")
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{href} (no file {url.path.lstrip('/')})")
+        elif url.fragment and url.fragment not in _ids(dom if target.name == page else target.read_text()):
+            broken.append(f"{href} (no anchor #{url.fragment} in {target.name})")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_reads_well_in_a_browser(html_dir, tmp_path, page):
+    """One page of the book in headless Chromium, 1280 px wide: no MyST role, directive or colon fence
+    left as text; every image loaded (naturalWidth > 0); every link into the build resolves to an
+    existing file and anchor; every code block and cell output fits its box or scrolls, and printed
+    outputs fit (the book's CSS wraps their long lines)."""
+    need_chromium()
+    name = f"{page}.html"
+    with serve(html_dir, probe=True) as (base, _):
+        dom = chromium(base + name, tmp_path / "profile", "--dump-dom", "--window-size=1280,2000")
+    report = probe_report(dom)
+
+    raw = raw_myst(Prose(dom))
+    assert not raw, f"{name}: raw MyST shown as text: {raw}"
+    missing = [image["src"] for image in report["images"] if not image["loaded"]]
+    assert not missing, f"{name}: images not shown: {missing}"
+    broken = _broken_links(report["links"], name, dom, html_dir)
+    assert not broken, f"{name}: broken links: {broken}"
+    cut = [block["start"] for block in report["blocks"] if not block["fits"] and not block["scrolls"]]
+    assert not cut, f"{name}: code or output blocks cut off (wider than their box, no scrollbar): {cut}"
+    unwrapped = [block["start"] for block in report["blocks"] if block["printed"] and not block["fits"]]
+    assert not unwrapped, f"{name}: printed outputs wider than their box (lines not wrapped): {unwrapped}"

@@ -63,11 +63,16 @@ for plugin, values in wanted.items():
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(json.dumps(settings, indent=2) + "\n")
 EOF
-    # The viewer (lab extension) and the contents manager (server extension) must both be on.
-    grep -q "jupyterlab-jupytext.*enabled" <<<"$(jupyter labextension list 2>&1)" \
-        || { echo "setup: the jupytext JupyterLab extension is not enabled" >&2; exit 1; }
-    grep -q "jupyterlab_jupytext.*enabled" <<<"$(jupyter server extension list 2>&1)" \
-        || { echo "setup: the jupytext server extension is not enabled" >&2; exit 1; }
+    # jupytext: the viewer (lab extension) and the contents manager (server extension) must both be on;
+    # jupyterlab-myst: the MyST renderer (lab extension) and its notebook trust rules (server extension).
+    labextensions="$(jupyter labextension list 2>&1)"
+    serverextensions="$(jupyter server extension list 2>&1)"
+    for extension in jupyterlab-jupytext jupyterlab-myst; do
+        grep -q "$extension.*enabled" <<<"$labextensions" \
+            || { echo "setup: the JupyterLab extension $extension is not enabled" >&2; exit 1; }
+        grep -q "${extension//-/_}.*enabled" <<<"$serverextensions" \
+            || { echo "setup: the server extension ${extension//-/_} is not enabled" >&2; exit 1; }
+    done
     echo "$state" >"$stamp"
 ) || { echo "setup failed" >&2; return 1 2>/dev/null || exit 1; }
 unset _prge_root
