@@ -181,3 +181,14 @@ def test_runs_that_cannot_be_data_parallel_are_refused(argv, message, tmp_path, 
     assert main(["train", "--task", "sst2", *argv, "--out", str(tmp_path / "r.json")]) == 2
     assert message in capsys.readouterr().err
     assert not os.listdir(tmp_path)
+
+
+def test_a_diverging_run_exits_3_with_rank_0s_partial_result(fixture_data, tiny_folder, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
+        code = main(["train", *options({**SETTINGS, "lr": 1e33}), "--model", str(tiny_folder), "--workers", "2",
+                     "--out", str(out)])
+    assert code == 3                  # the worker's own status, through the launcher
+    result = json.loads(out.read_text())
+    assert result["status"] == "diverged" and result["steps"] == 1 and "not finite" in result["error"]

@@ -8,6 +8,7 @@ figure is a measurement of DDP, not of our arithmetic. Nothing is updated: the p
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -45,12 +46,14 @@ def ddp_bytes_per_step(model: torch.nn.Module, batch: Batch, space: str, wire: W
         return default_hooks.allreduce_hook(None, bucket)
 
     device = next(model.parameters()).device
+    # the replicas are identical already (the workers' hashes say so): DDP need not send the weights and buffers
+    # from rank 0 at the start (init_sync, where this torch has it) nor the frozen buffers (LoRA-FA's A, RoPE) at
+    # each forward (broadcast_buffers; its newer spelling would still send them once: its deprecation note)
+    extra = {"init_sync": False} if "init_sync" in inspect.signature(DistributedDataParallel).parameters else {}
     with warnings.catch_warnings():
-        # broadcast_buffers=False: the frozen buffers (LoRA-FA's A, RoPE) are identical on every worker, so DDP
-        # sends none; its newer option would still send them once at the start (its own deprecation note)
         warnings.simplefilter("ignore", FutureWarning)
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                      broadcast_buffers=False, gradient_as_bucket_view=True)
+                                      broadcast_buffers=False, gradient_as_bucket_view=True, **extra)
     ddp.register_comm_hook(None, counted_allreduce)
     rows = list(range(wire.rank, batch.rows, wire.size)) or [0]
     part = Batch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows])
