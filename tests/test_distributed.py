@@ -85,6 +85,7 @@ def test_two_workers_train_as_one_process(dp_run, tiny_factory, tokenizer, fixtu
     checks = result["distributed"]["replica_checks"]
     assert [c["step"] for c in checks] == [0, 2, 4] and all(c["identical"] for c in checks)
     assert result["distributed"]["workers"] == 2 and result["distributed"]["backend"] == "gloo"
+    assert result["method_settings"]["queries_by_rank"] == [[0, 2], [1, 3]]
 
     one = solo(tiny_factory, tokenizer, fixture_data, tiny_folder)
     z_logits = max_logit(one)

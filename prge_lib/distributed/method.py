@@ -67,7 +67,8 @@ class DataParallelPRGE:
         self.model, self.layers = method.model, method.layers
         self.mine = shard(method.q, wire.rank, wire.size)
         self.device = next(method.model.parameters()).device
-        self.settings = {**method.settings, "workers": wire.size, "queries_of_this_worker": self.mine}
+        self.settings = {**method.settings, "workers": wire.size,
+                         "queries_by_rank": [shard(method.q, k, wire.size) for k in range(wire.size)]}
         self.times: dict[str, float] = {}
 
     def trainable(self) -> dict[str, torch.Tensor]:
