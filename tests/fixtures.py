@@ -82,8 +82,10 @@ def data_parallel_worker(rank: int, workers: int, port: int, settings: dict, mod
     ``kill_at`` the process of rank 1 dies (``os._exit``, no clean-up) as it begins step ``kill_at``."""
     import os
 
+    from prge_lib.distributed.launch import loopback
+
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": loopback()})
     torch.set_num_threads(1)
     from prge_lib.data.splits import sample_task
     from prge_lib.data.tasks import get_task

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 from pathlib import Path
 from typing import Sequence
 
@@ -22,12 +23,17 @@ def launcher_options(argv: Sequence[str], workers: int, port: int | None = None)
             "--master-port", str(port or free_port()), "--max-restarts", "0", "-m", "prge_lib.cli.main", *argv]
 
 
+def loopback() -> str:
+    """The name of this machine's loopback interface, for gloo: ``lo0`` on macOS, ``lo`` elsewhere."""
+    return "lo0" if platform.system() == "Darwin" else "lo"
+
+
 @contextlib.contextmanager
 def worker_environment():
     """The environment the workers inherit: gloo on the loopback interface (unless ``GLOO_SOCKET_IFNAME`` says
     otherwise), one thread each unless ``OMP_NUM_THREADS`` is set, and this library first on the path."""
     here = str(Path(__file__).resolve().parents[2])
-    values = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    values = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", loopback()),
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
               "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])}
     saved = {k: os.environ.get(k) for k in values}

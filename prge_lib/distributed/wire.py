@@ -33,10 +33,11 @@ def backend_for(device: str) -> str:
     return BACKENDS[kind]
 
 
-def init_from_env(device: str, timeout_s: float = 120.0) -> tuple[int, int]:
+def init_from_env(device: str, timeout_s: float = 1800.0) -> tuple[int, int]:
     """Join the process group the launcher described in the environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT, as ``torch.distributed.run`` sets them); returns (rank, world size). A worker whose peer died
-    gives up after ``timeout_s`` instead of waiting for ever."""
+    MASTER_PORT, as ``torch.distributed.run`` sets them); returns (rank, world size). A collective gives up after
+    ``timeout_s`` (torch's default, 30 min: the other workers wait in the next step while rank 0 evaluates,
+    which on the full protocol's 1000 test examples takes minutes on a CPU)."""
     if not dist.is_initialized():
         dist.init_process_group(backend_for(device), timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
