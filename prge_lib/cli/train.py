@@ -161,9 +161,9 @@ def train_options(tr) -> None:
                     help="discard the checkpoint in --checkpoint-dir and start the run again (without --resume or "
                          "--restart, an existing checkpoint is refused)")
     tr.add_argument("--workers", type=int, default=1,
-                    help="prge and mezo-lorafa: train data-parallel in N processes started by torch.distributed.run "
-                         "(gloo on the CPU, NCCL on GPUs), the q queries of a step split over them and only q + 1 "
-                         "floats a step exchanged; rank 0 evaluates and writes the result (chapter 11)")
+                    help="prge: train data-parallel in N processes started by torch.distributed.run (gloo on the "
+                         "CPU, NCCL on GPUs), the q queries of a step split over them (N ≤ q) and only q + 1 floats "
+                         "a step exchanged; rank 0 evaluates, checkpoints and writes the result (chapter 11)")
     tr.add_argument("--ddp-steps", type=int, default=2,
                     help="with --workers: passes of first-order DDP (LoRA-FA and full model) whose gradient "
                          "all-reduce bytes the result records beside P-RGE's (0: none)")
