@@ -40,6 +40,9 @@ def check_data_parallel(config, workers: int) -> None:
         raise ValueError(f"--workers trains {' or '.join(DATA_PARALLEL)}, not {config.method}")
     if config.program is not None:
         raise ValueError("--workers trains eager P-RGE; a --program runs in the runtime host (prge device-train)")
+    if config.q < workers and config.method == "mezo-lorafa":
+        raise ValueError(f"--workers {workers}: mezo-lorafa has one query a step, which one worker forwards; use "
+                         f"--method prge with q ≥ {workers}")
     check_workers(config.q, workers)
 
 
