@@ -24,6 +24,7 @@ from prge_lib.distributed.wire import Wire
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import Trainer, build_method
 
+
 class DistributedTrainer(Trainer):
     """Train ``config`` on this worker of the process group (see the module docstring). ``ddp_steps``: passes of
     first-order DDP measured after training, per parameter space (0: none)."""
@@ -52,6 +53,7 @@ class DistributedTrainer(Trainer):
         return super().save_checkpoint() if self.rank == 0 else None
 
     def check_replicas(self, step: int) -> bool:
+        """Gather every worker's SHA-256 of its adapter (32 bytes each) and record whether they are all equal."""
         digest = adapter_digest(self.method.trainable())
         words = torch.frombuffer(bytearray.fromhex(digest), dtype=torch.int64).to(self.method.device)
         gathered = [w.cpu() for w in self.wire.all_gather(words, "check")]
