@@ -74,3 +74,38 @@ def small_trainer(tiny_factory, tokenizer, data, folder=None, **settings):
 
     settings = {"steps": 6, "eval_every": 3, "checkpoint_every": 2, **settings}
     return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)
+
+
+def data_parallel_worker(rank: int, workers: int, port: int, settings: dict, model_folder: str, data_root: str,
+                         checkpoint_dir: str, kill_at: int | None = None) -> None:
+    """One worker of a data-parallel run on a local model folder, started by a test in its own process; with
+    ``kill_at`` the process of rank 1 dies (``os._exit``, no clean-up) as it begins step ``kill_at``."""
+    import os
+
+    from prge_lib.distributed.launch import loopback
+
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": loopback()})
+    torch.set_num_threads(1)
+    from prge_lib.data.splits import sample_task
+    from prge_lib.data.tasks import get_task
+    from prge_lib.distributed.trainer import DistributedTrainer
+    from prge_lib.distributed.wire import init_from_env
+    from prge_lib.models.loading import load_model
+    from prge_lib.training.config import TrainConfig
+
+    config = TrainConfig(**settings)
+    data = sample_task(get_task(config.task), config.seed, config.n_train, config.n_val, config.n_test,
+                       root=data_root)
+    model, tokenizer = load_model(model_folder)
+    init_from_env("cpu", timeout_s=30)
+    trainer = DistributedTrainer(config, model, tokenizer, data, checkpoint_dir, progress=False, ddp_steps=0)
+    step = trainer.method.step
+
+    def dying_step(batch, t):
+        if rank == 1 and t == kill_at:
+            os._exit(9)
+        return step(batch, t)
+
+    trainer.method.step = dying_step
+    trainer.run()

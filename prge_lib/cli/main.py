@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in _subcommands() else None).parse_args(argv)
+    args.argv = argv            # what a launcher hands on to the workers it starts (prge train --workers)
     record_command(shlex.join(["prge", *argv]))
     start_commit()      # the code this command runs, read before any long work begins
     try:    # every output location and every number is checked before any work starts

@@ -65,10 +65,19 @@ def run_train(args) -> int:
     if args.checkpoint_dir:     # an existing checkpoint is continued or discarded, never overwritten unasked
         check_checkpoint_folder(Path(args.checkpoint_dir) / CHECKPOINT_NAME, args.resume, args.restart)
     start = time.perf_counter()
-    builder = None
-    if config.program:      # every step in an exported program: the runtime host builds the method
-        from prge_lib.deploy.runtime import build_program_method as builder
-    trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
+    if args.workers > 1:
+        from prge_lib.distributed.launch import is_worker, launch
+        from prge_lib.distributed.method import check_data_parallel
+
+        check_data_parallel(config.resolved(), args.workers)
+        if not is_worker():     # the launcher: the same command in N processes (chapter 11)
+            return launch(args.argv, args.workers)
+        trainer = worker_trainer(config, args)
+    else:
+        builder = None
+        if config.program:      # every step in an exported program: the runtime host builds the method
+            from prge_lib.deploy.runtime import build_program_method as builder
+        trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
     status, message = "finished", None
     try:
         result = trainer.run(resume=args.resume, restart=args.restart)
@@ -79,10 +88,14 @@ def run_train(args) -> int:
         print(f"prge: interrupted during step {trainer.step + 1}; {where}", file=sys.stderr)
         return 130
     except TrainingDiverged as err:
+        if getattr(trainer, "rank", 0) != 0:       # a data-parallel worker: rank 0 reports it
+            return 3
         status, message = "diverged", str(err)
         result = {"kind": "train", "task": config.task, "method": config.method, "seed": config.seed,
                   "config": dataclasses.asdict(trainer.config), "steps": trainer.step, "losses": trainer.history["losses"],
                   "evals": trainer.history["evals"]}
+    if result is None:      # a worker other than rank 0: rank 0 writes the result
+        return 0
     result.update({"status": status, "model": config.model or EMBEDDED,
                    "provenance": provenance(time.perf_counter() - start)})
     if message:
@@ -105,6 +118,16 @@ def run_train(args) -> int:
           f"{result['step_time_s']['median']:.3f} s/step; test {100 * best['test']:.1f} at the best validation "
           f"step {best['step']} (val {100 * best['val']:.1f}), {100 * final['test']:.1f} at the end -> {args.out}")
     return 0
+
+
+def worker_trainer(config, args):
+    """This worker's trainer of a data-parallel run, in the process group the launcher described."""
+    from prge_lib.distributed.trainer import DistributedTrainer
+    from prge_lib.distributed.wire import init_from_env, worker_device
+
+    config.device = worker_device(config.device)
+    init_from_env(config.device)
+    return DistributedTrainer(config, checkpoint_dir=args.checkpoint_dir, ddp_steps=args.ddp_steps)
 
 
 def method_defaults() -> str:
@@ -137,6 +160,13 @@ def train_options(tr) -> None:
     tr.add_argument("--restart", action="store_true",
                     help="discard the checkpoint in --checkpoint-dir and start the run again (without --resume or "
                          "--restart, an existing checkpoint is refused)")
+    tr.add_argument("--workers", type=int, default=1,
+                    help="prge: train data-parallel in N processes started by torch.distributed.run (gloo on the "
+                         "CPU, NCCL on GPUs), the q queries of a step split over them (N ≤ q) and only q + 1 floats "
+                         "a step exchanged; rank 0 evaluates, checkpoints and writes the result (chapter 11)")
+    tr.add_argument("--ddp-steps", type=int, default=2,
+                    help="with --workers: passes of first-order DDP (LoRA-FA and full model) whose gradient "
+                         "all-reduce bytes the result records beside P-RGE's (0: none)")
     tr.add_argument("--save-adapter", default=None, help="write the trained LoRA-FA adapter (safetensors)")
     tr.add_argument("--out", required=True, help="where to write the JSON result")
     tr.set_defaults(run=run_train)

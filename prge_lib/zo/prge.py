@@ -106,14 +106,22 @@ def estimate_and_update(layers: Sequence[LoRAFALinear], seeds: Sequence[int], lo
     """Alg. 1 lines 11 and 14 from the (2, q) losses ℓ⁺ (row 0) and ℓ⁻ (row 1) of a step: g and, when every
     loss is finite and ``update`` is set, B ← B − (η/q) Σ_i g_i z_i. Shared by the step above and by packed
     runs (:mod:`prge_lib.zo.packing`), which get their losses from a forward shared with other runs."""
-    q = len(seeds)
     g = projected_gradients(losses, eps)
     finite = bool(torch.isfinite(losses).all())
     if update and finite:
-        for layer in layers:
-            for seed, gi in zip(seeds, g.tolist()):
-                layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
+        apply_update(layers, seeds, g, lr)
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+def apply_update(layers: Sequence[LoRAFALinear], seeds: Sequence[int], g: torch.Tensor | Sequence[float],
+                 lr: float) -> None:
+    """B ← B − (η/q) Σ_i g_i z_i (Gao et al. Alg. 1 line 14), z_i redrawn from s_i (or kept): the whole update
+    from the q seeds and q projected gradients, so any holder of (seeds, g) applies it bit for bit (chapter 11)."""
+    q = len(seeds)
+    values = g.tolist() if isinstance(g, torch.Tensor) else [float(gi) for gi in g]
+    for layer in layers:
+        for seed, gi in zip(seeds, values):
+            layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
 
 
 def step_record(out: dict) -> dict:

@@ -1,0 +1,40 @@
+"""An adapter rebuilt from its history (chapter 11): the run's seed and its list of projected gradients.
+
+A ZO-SGD run's trajectory is B_T = B_0 − Σ_t (η/q) Σ_i g_t,i z(s_t,i), with B_0 = 0, A drawn from the run seed and
+s_t,i = step_seeds(seed, t, q). Whoever has (config, [g_0 … g_{T−1}]) redraws every z and applies the same updates
+in the same order (:func:`prge_lib.zo.prge.apply_update`): the same floats, bit for bit, as the workers that
+trained it. A worker that joins a run late, or a device that receives an adapter, needs T·q numbers instead of
+the adapter's d.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import torch
+
+from prge_lib.zo.estimator import step_seeds
+from prge_lib.zo.prge import PRGE, apply_update
+
+
+def adapter_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of named tensors (names, shapes, dtypes and bytes, in name order): equal digests, equal bits."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        value = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(value.shape)}:{value.dtype}".encode())
+        h.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def replay(method: PRGE, projected_grads: Sequence[Sequence[float]], start: int = 0) -> PRGE:
+    """Apply steps ``start``, ``start + 1``, … of a run to ``method``'s adapter from their projected gradients
+    alone (``method`` as built for the run's config, at step ``start``); returns ``method``."""
+    if not isinstance(method, PRGE):
+        raise ValueError(f"replay rebuilds P-RGE adapters (prge, mezo-lorafa), not {type(method).__name__}")
+    for t, g in enumerate(projected_grads, start):
+        if len(g) != method.q:
+            raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
+        apply_update(method.layers, step_seeds(method.seed, t, method.q), g, method.lr)
+    return method
