@@ -61,6 +61,7 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
     assert [argv[0] for argv in machine.ran] == ["bench", "reproduce", "reproduce", "train", "train"]
     assert machine.ran[1][-2:] == ["--time-limit", "16.0"] and machine.ran[2][-2:] == ["--time-limit", "14.0"]
+    assert "FileNotFoundError" in entry["stages"][2]["summary_error"]     # the fake runner wrote no result file
     record = json.loads(stages[0].record_path(tmp_path).read_text())
     assert record["device"] == "NVIDIA H100" and record["minutes"] == 4 and record["commands"][0]["exit"] == 0
     again = FakeMachine({})
@@ -143,3 +144,25 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
     assert script.main(["--out", str(tmp_path), "--only", "nope", "--dry-run"]) == 2
     assert script.main(["--out", str(tmp_path), "--time-limit", "8"]) == 2    # no GPU here: refused, nothing run
     assert not (tmp_path / "sitting.json").exists()
+
+
+def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
+    """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
+    stages = sitting.sitting_stages(tmp_path, paired_steps=3)
+    paired = stages[2]
+    results = {"fp32": ([1.0, 0.8, 0.6], 0.02, 0.81), "fp16": ([1.0, 0.75, 0.62], 0.01, 0.83)}
+
+    def run(argv):
+        dtype, out = argv[argv.index("--dtype") + 1], Path(argv[argv.index("--out") + 1])
+        losses, step_s, test = results[dtype]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"losses": losses, "step_time_s": {"median": step_s},
+                                   "best_val": {"test": test}, "final": {"test": test - 0.01}}))
+        return 0
+
+    sitting.run_sitting([paired], tmp_path, 10, "H200", run, lambda: 0.0, say=lambda s: None)
+    summary = json.loads(paired.record_path(tmp_path).read_text())["summary"]["seeds"]["0"]
+    assert summary["steps"] == 3 and summary["max_abs_loss_gap"] == pytest.approx(0.05)
+    assert summary["mean_abs_loss_gap"] == pytest.approx(0.07 / 3) and summary["fp16_speedup"] == pytest.approx(2.0)
+    assert summary["fp32_best_val"] == 0.81 and summary["fp16_final"] == pytest.approx(0.82)
+    assert (tmp_path / "paired" / "summary.json").is_file()

@@ -46,6 +46,7 @@ class Stage:
     minutes: float
     commands: tuple[tuple[str, ...], ...]
     resumable: bool = False
+    summarize: Callable[[Path], dict] | None = None     # what the stage's results come to, once they are all there
 
     def record_path(self, out: Path) -> Path:
         return Path(out) / "stages" / f"{self.name}.json"
@@ -73,7 +74,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
             Stage("paired-fp32-fp16", f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds "
-                  f"{','.join(map(str, paired_seeds))}", 2.5 * len(paired_seeds), paired),
+                  f"{','.join(map(str, paired_seeds))}", 2.5 * len(paired_seeds), paired,
+                  summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
             Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
 
 
@@ -155,6 +157,11 @@ def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: s
                   "stopped" if statuses[-1]["exit"] == 3 else "failed", "minutes": round(minutes, 2),
                   "commands": statuses}
         entry["stages"].append(record)
+        if finished and stage.summarize is not None:
+            try:
+                record["summary"] = stage.summarize(out)
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as err:    # results kept as they are
+                record["summary_error"] = f"{type(err).__name__}: {err}"
         if finished:
             stage.record_path(out).write_text(json.dumps({**record, "device": device,
                                                           "estimate_min": stage.minutes}, indent=1) + "\n")
@@ -166,6 +173,25 @@ def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: s
     sittings = json.loads(log.read_text()) if log.is_file() else []
     log.write_text(json.dumps(sittings + [entry], indent=1) + "\n")
     return entry
+
+
+def paired_summary(folder: Path, seeds: Sequence[int]) -> dict:
+    """fp16 against fp32 from the paired runs' result files (``sst2_<dtype>_seed<s>.json`` in ``folder``), per seed:
+    the largest and mean |Δ loss| over the steps, the test accuracy of each at its best validation step and at
+    the end, median seconds per step and their ratio; written to ``summary.json`` there as well."""
+    seeds_out = {}
+    for seed in seeds:
+        runs = {dtype: json.loads((Path(folder) / f"sst2_{dtype}_seed{seed}.json").read_text())
+                for dtype in ("fp32", "fp16")}
+        gaps = [abs(a - b) for a, b in zip(runs["fp32"]["losses"], runs["fp16"]["losses"])]
+        seeds_out[str(seed)] = {
+            "steps": len(gaps), "max_abs_loss_gap": max(gaps), "mean_abs_loss_gap": sum(gaps) / len(gaps),
+            **{f"{dtype}_{k}": runs[dtype][k]["test"] for dtype in runs for k in ("best_val", "final")},
+            **{f"{dtype}_median_step_s": runs[dtype]["step_time_s"]["median"] for dtype in runs},
+            "fp16_speedup": runs["fp32"]["step_time_s"]["median"] / runs["fp16"]["step_time_s"]["median"]}
+    summary = {"seeds": seeds_out, "files": sorted(p.name for p in Path(folder).glob("sst2_*.json"))}
+    (Path(folder) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
 
 
 def check_environment(find: Callable[[str], object] = importlib.util.find_spec) -> dict:
