@@ -32,30 +32,31 @@ class FakeMachine:
 
 def test_the_stages_in_priority_order(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
-    assert [s.name for s in stages] == ["engine-bench", "grids-fp16", "paired-fp32-fp16", "table1-paper-packed"]
+    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "grids-fp16", "paired-fp32-fp16",
+                                        "table1-paper-packed"]
     bench = stages[0].commands[0]
     assert bench[:3] == ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max")
-    assert "--device" in bench and "cuda" in bench and "sst2,rte" in bench
-    runtime = stages[1].commands[0]
+    assert "--device" in bench and "cuda" in bench and "sst2" in bench and "rte" in stages[1].commands[0]
+    runtime = stages[2].commands[0]
     assert ("--only", "bench-none") == runtime[4:6] and "fp16" in runtime    # no INT8/NF4 without bitsandbytes
-    assert "--only" not in sitting.sitting_stages(tmp_path, quantized=True)[1].commands[0]
-    paired = stages[2].commands
+    assert "--only" not in sitting.sitting_stages(tmp_path, quantized=True)[2].commands[0]
+    paired = stages[3].commands
     assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
     assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
-    assert "--pack" in stages[3].commands[0] and "paper" in stages[3].commands[0]
+    assert "--pack" in stages[4].commands[0] and "paper" in stages[4].commands[0]
 
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
     lines = sitting.plan_lines(stages, tmp_path, time_limit=10)
-    assert lines[0].startswith("1. engine-bench") and "about 6 min; runs" in lines[0]
-    assert any("2. grids-fp16" in line and "runs for up to 4 min, then resumes next time" in line for line in lines)
-    assert any("3. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
+    assert lines[0].startswith("1. engine-bench-sst2") and "about 3 min; runs" in lines[0]
+    assert any("3. grids-fp16" in line and "runs for up to 4 min, then resumes next time" in line for line in lines)
+    assert any("4. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
     assert lines[-1] == "still to run: about 620.5 min in all; time limit 10 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
-    stages = sitting.sitting_stages(tmp_path, paired_steps=50)[:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50) if s.name != "engine-bench-rte"][:3]
     machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
     entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
@@ -71,7 +72,7 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
 
 
 def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
-    stages = sitting.sitting_stages(tmp_path)[:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name != "engine-bench-rte"][:3]
     machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
     entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]
@@ -86,7 +87,7 @@ def test_a_failed_command_stops_the_sitting_without_a_record(tmp_path):
     stages = sitting.sitting_stages(tmp_path)[:2]
     machine = FakeMachine({}, exits={"bench": 1})
     entry = sitting.run_sitting(stages, tmp_path, 30, "H200", machine.run, machine.clock, say=lambda s: None)
-    assert entry["stages"] == [{"name": "engine-bench", "status": "failed", "minutes": 1.0,
+    assert entry["stages"] == [{"name": "engine-bench-sst2", "status": "failed", "minutes": 1.0,
                                 "commands": [{"command": "prge " + " ".join(stages[0].commands[0]), "exit": 1}]}]
     assert not stages[0].record_path(tmp_path).exists()
 
@@ -140,7 +141,7 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
     spec.loader.exec_module(script)
     assert script.main(["--out", str(tmp_path), "--dry-run", "--time-limit", "8"]) == 0
     out = capsys.readouterr().out
-    assert "1. engine-bench" in out and "still to run" in out
+    assert "1. engine-bench-sst2" in out and "still to run" in out
     assert script.main(["--out", str(tmp_path), "--only", "nope", "--dry-run"]) == 2
     assert script.main(["--out", str(tmp_path), "--time-limit", "8"]) == 2    # no GPU here: refused, nothing run
     assert not (tmp_path / "sitting.json").exists()
@@ -149,7 +150,7 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
 def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
     stages = sitting.sitting_stages(tmp_path, paired_steps=3)
-    paired = stages[2]
+    paired = stages[3]
     results = {"fp32": ([1.0, 0.8, 0.6], 0.02, 0.81), "fp16": ([1.0, 0.75, 0.62], 0.01, 0.83)}
 
     def run(argv):

@@ -5,11 +5,13 @@ time limit, each stage's results written under --out as soon as it finishes, sta
 Usage (from the repository root, on the GPU machine):
     python tools/gpu_sitting.py --out data/results/gpu-sitting --time-limit 8
     python tools/gpu_sitting.py --out data/results/gpu-sitting --dry-run      # the plan, with estimated minutes
+    python tools/gpu_sitting.py --carry-plan build/gpu-payload               # which payload files each copy takes
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,9 +23,31 @@ for extra in (ROOT, ROOT / "build" / "gpu-site"):     # the repository, and the 
 from prge_lib.experiments import sitting  # noqa: E402
 
 
+def tree_mib() -> float:
+    """The size of what travels with the repository: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    return sum((ROOT / name).stat().st_size for name in listed if name and (ROOT / name).is_file()) / 2**20
+
+
+def carry_plan(bundle: Path, limit_mib: float) -> int:
+    """Print the copies that bring the payload bundle ``bundle`` to the machine, each within ``limit_mib``."""
+    manifest = json.loads((bundle / "MANIFEST.json").read_text())
+    tree = tree_mib()
+    calls = sitting.carry_calls(manifest, limit_mib, tree + 1)     # 1 MiB of room for what a copy adds
+    where = bundle.resolve().relative_to(ROOT) if bundle.resolve().is_relative_to(ROOT) else bundle
+    print(f"repository: {tree:.1f} MiB; {len(calls)} copies of at most {limit_mib:g} MiB:")
+    for k, call in enumerate(calls, 1):
+        print(f"copy {k}: " + " ".join(str(where / name) for name in call))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="the output folder (results and stage records)")
+    parser.add_argument("--out", help="the output folder (results and stage records)")
+    parser.add_argument("--carry-plan", default=None, metavar="BUNDLE",
+                        help="print which files of the payload bundle each copy to the machine takes, and stop")
+    parser.add_argument("--copy-mib", type=float, default=64, help="--carry-plan: MiB one copy may carry")
     parser.add_argument("--time-limit", type=float, default=8.0, metavar="MINUTES",
                         help="stop starting work after this many minutes (default 8)")
     parser.add_argument("--dry-run", action="store_true", help="print the machine check and the plan only")
@@ -33,6 +57,10 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default=None, help="hub id or local folder (default: the embedded model)")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
+    if args.carry_plan:
+        return carry_plan(Path(args.carry_plan), args.copy_mib)
+    if not args.out:
+        parser.error("--out is required (or --carry-plan)")
     if not args.time_limit > 0:
         print(f"gpu_sitting: --time-limit takes minutes > 0, got {args.time_limit}", file=sys.stderr)
         return 2
