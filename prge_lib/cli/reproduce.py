@@ -97,7 +97,8 @@ def reproduce_options(rp) -> None:
                     help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
                     "running training cell stops at a checkpoint that the same command resumes")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
-                    "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
+                    "result records it; on cuda P-RGE draws counter noise with the fused step, and the runtime and "
+                    "memory grids time the GPU)")
     rp.add_argument("--pack", type=int, default=None, metavar="N",
                     help="train up to N training cells in one pack, one forward per step for all of them "
                     "(prge_lib.training.packed): the cells still to run of a packable method (prge, mezo-lorafa) "
