@@ -61,6 +61,12 @@ def test_a_gpu_configured_run_draws_the_z_of_a_cpu_run(tiny_factory):
             assert torch.equal(own, counter_normal(seed, 0, layer.lora_B.shape, offset=layer.offset))
 
 
+def test_cuda_graphs_build_the_graphed_step(tiny_factory):
+    config = TrainConfig("sst2", q=2, E=4, device="cuda", buckets="64", cuda_graphs=True).resolved()
+    method = build_method(dataclasses.replace(config, device="cpu"), tiny_factory(0, 1))
+    assert type(method) is GraphedPRGE and not method.graphs          # CPU tensors: the buffered step, eagerly
+
+
 def _model(tiny_factory, seed=0):
     model = tiny_factory(seed, 2)
     layers = inject_lorafa(model, r=4, noise="counter")

@@ -31,7 +31,8 @@ class FakeMachine:
 
 
 def test_the_stages_in_priority_order(tmp_path):
-    stages = sitting.sitting_stages(tmp_path)
+    check, *stages = sitting.sitting_stages(tmp_path)
+    assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
     assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "grids-fp16", "paired-fp32-fp16",
                                         "table1-paper-packed"]
     bench = stages[0].commands[0]
@@ -49,14 +50,16 @@ def test_the_stages_in_priority_order(tmp_path):
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
     lines = sitting.plan_lines(stages, tmp_path, time_limit=10)
-    assert lines[0].startswith("1. engine-bench-sst2") and "about 3 min; runs" in lines[0]
-    assert any("3. grids-fp16" in line and "runs for up to 4 min, then resumes next time" in line for line in lines)
-    assert any("4. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 620.5 min in all; time limit 10 min"
+    assert lines[0].startswith("1. gpu-check") and "about 1 min; runs" in lines[0]
+    assert lines[2].startswith("2. engine-bench-sst2") and "about 3 min; runs" in lines[2]
+    assert any("4. grids-fp16" in line and "runs for up to 3 min, then resumes next time" in line for line in lines)
+    assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
+    assert lines[-1] == "still to run: about 621.5 min in all; time limit 10 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
-    stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50) if s.name != "engine-bench-rte"][:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50)
+              if s.name not in ("gpu-check", "engine-bench-rte")][:3]
     machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
     entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
@@ -72,7 +75,7 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
 
 
 def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
-    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name != "engine-bench-rte"][:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name not in ("gpu-check", "engine-bench-rte")][:3]
     machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
     entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]
@@ -84,7 +87,7 @@ def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
 
 
 def test_a_failed_command_stops_the_sitting_without_a_record(tmp_path):
-    stages = sitting.sitting_stages(tmp_path)[:2]
+    stages = sitting.sitting_stages(tmp_path)[1:3]
     machine = FakeMachine({}, exits={"bench": 1})
     entry = sitting.run_sitting(stages, tmp_path, 30, "H200", machine.run, machine.clock, say=lambda s: None)
     assert entry["stages"] == [{"name": "engine-bench-sst2", "status": "failed", "minutes": 1.0,
@@ -141,7 +144,7 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
     spec.loader.exec_module(script)
     assert script.main(["--out", str(tmp_path), "--dry-run", "--time-limit", "8"]) == 0
     out = capsys.readouterr().out
-    assert "1. engine-bench-sst2" in out and "still to run" in out
+    assert "1. gpu-check" in out and "2. engine-bench-sst2" in out and "still to run" in out
     assert script.main(["--out", str(tmp_path), "--only", "nope", "--dry-run"]) == 2
     assert script.main(["--out", str(tmp_path), "--time-limit", "8"]) == 2    # no GPU here: refused, nothing run
     assert not (tmp_path / "sitting.json").exists()
@@ -150,7 +153,7 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
 def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
     stages = sitting.sitting_stages(tmp_path, paired_steps=3)
-    paired = stages[3]
+    paired = stages[4]
     results = {"fp32": ([1.0, 0.8, 0.6], 0.02, 0.81), "fp16": ([1.0, 0.75, 0.62], 0.01, 0.83)}
 
     def run(argv):

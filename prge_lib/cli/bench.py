@@ -1,10 +1,11 @@
 """``prge bench`` (the methods' step time and memory on synthetic batches) and ``prge footprint`` (each method built as the trainer builds it; chapter 9)."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 
-from prge_lib.cli.common import add_model_options
+from prge_lib.cli.common import add_config_options, add_model_options
 from prge_lib.common.provenance import provenance, write_result
 from prge_lib.data.tasks import get_task
 from prge_lib.models.options import EMBEDDED
@@ -72,6 +73,30 @@ def run_engine_bench(args) -> int:
                    "warmup": args.warmup, "seed": 0, "provenance": provenance(time.perf_counter() - start)})
     write_result(args.out, result)
     return 0
+
+
+def run_gpu_check(args) -> int:
+    """``prge gpu-check``: the GPU engine's checks (experiments.bench.gpu_checks), recorded with the device."""
+    from prge_lib.experiments.bench.gpu_checks import gpu_checks
+    from prge_lib.models.loading import check_device, load_model
+
+    check_device(args.device)
+    start = time.perf_counter()
+    checks = gpu_checks(lambda dtype: load_model(args.model, dtype=dtype, device=args.device)[0])
+    failed = [name for name, check in checks.items() if check["passed"] is False]
+    result = {"kind": "gpu-check", "device": args.device, "model": args.model or EMBEDDED, "checks": checks,
+              "failed": failed, "seed": 0, "provenance": provenance(time.perf_counter() - start)}
+    write_result(args.out, result)
+    for name, check in checks.items():
+        state = {True: "passed", False: "FAILED", None: "not run here"}[check["passed"]]
+        print(f"{name}: {state} {json.dumps({k: v for k, v in check.items() if k != 'passed'})}")
+    return 0
+
+
+def gpu_check_options(gc) -> None:
+    add_config_options(gc, ("model", "device"))
+    gc.add_argument("--out", required=True, help="where to write the JSON result")
+    gc.set_defaults(run=run_gpu_check)
 
 
 def run_footprint(args) -> int:

@@ -54,7 +54,8 @@ class Stage:
 
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
                    device: str = "cuda", model: str | None = None) -> list[Stage]:
-    """The stages in priority order: 1. the engine benchmark (SST-2, then RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
+    """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
+    RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
     rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. Table 1's paper-profile cells in
     packs. Result files go under ``out``."""
     out = Path(out)
@@ -72,7 +73,10 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                     "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"), *common)
                    for seed in paired_seeds for dtype in ("fp32", "fp16"))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
-    return [*(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 3.0,
+    check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
+    return [Stage("gpu-check", "the engine's checks on the device (same z, no host sync, graphs, fp16 base)", 1.0,
+                  (check,)),
+            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 3.0,
                     (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
