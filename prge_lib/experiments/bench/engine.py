@@ -100,13 +100,13 @@ def step_flops(shape: ModelShape, batch: Batch, copies: int, lora: Sequence[tupl
 
 
 class _Timed:
-    """A step function that also logs the FLOPs of each call's batches."""
+    """A step function that keeps each call's batches, so that their FLOPs are counted after the timing."""
 
-    def __init__(self, step: Callable[[int], list[Batch]], flops: Callable[[list[Batch]], int]):
-        self.step, self.flops, self.log = step, flops, []
+    def __init__(self, step: Callable[[int], list[Batch]]):
+        self.step, self.batches = step, []
 
     def __call__(self, t: int) -> None:
-        self.log.append(self.flops(self.step(t)))
+        self.batches.append(self.step(t))
 
 
 def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable, dtype: str, q: int, E: int,
@@ -149,17 +149,18 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
             batch = bucketed(source(rows, t))
             method.step(batch, t)
             return [batch]
-        timed = _Timed(one, flops)
+        timed = _Timed(one)
     else:
         def packed(t: int) -> list[Batch]:
             batches = [source(rows, t * runs + r) for r in range(runs)]     # each run its own batch
             pack.step({r: (b, t) for r, b in enumerate(batches)})
             return batches
-        timed = _Timed(packed, flops)
+        timed = _Timed(packed)
     times = time_steps(timed, steps, warmup, cuda)
     median = statistics.median(times)
+    counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
     record.update(times_s=times, median_s=median, run_steps_per_s=runs / median,
-                  flops_per_step=statistics.mean(timed.log[warmup:]), flops_s=sum(timed.log[warmup:]) / sum(times))
+                  flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times))
     del timed
     release_memory()
     return record
