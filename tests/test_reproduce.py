@@ -385,7 +385,9 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", "1e-9", *roots]) == 3
     assert "1 of 1 cells still to run; the same command continues (exit status 3)" in capsys.readouterr().err
     assert main(["reproduce", "runtime", "--device", "cuda", *roots]) == 2
-    assert "the 'runtime' grid times this machine's CPU, so it has no device option" in capsys.readouterr().err
+    assert "no CUDA device is available" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--dtype", "fp16", *roots]) == 2
+    assert "applies to the benchmark grids" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--device", "tpu", *roots]) == 2
     assert "device 'tpu': choose cpu or cuda" in capsys.readouterr().err
     # a tiny real run through the command line: the zero-shot cell of one seed

@@ -1,17 +1,24 @@
 """``prge bench`` (the methods' step time and memory on synthetic batches) and ``prge footprint`` (each method built as the trainer builds it; chapter 9)."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 
-from prge_lib.cli.common import add_model_options
+from prge_lib.cli.common import add_config_options, add_model_options
 from prge_lib.common.provenance import provenance, write_result
+from prge_lib.data.tasks import get_task
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checks import check_numbers
 
 
 
 def run_bench(args) -> int:
+    if args.configs:
+        return run_engine_bench(args)
+    if not args.method:
+        raise ValueError("prge bench needs --method (the methods' step times) or --configs (the engine's "
+                         "configurations: eager, optimised, packed-N, packed-max)")
     from prge_lib.experiments.bench.methods import bench
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
@@ -36,6 +43,62 @@ def run_bench(args) -> int:
     return 0
 
 
+def run_engine_bench(args) -> int:
+    """``prge bench --configs …``: the GPU engine's configurations on real batches (experiments.bench.engine)."""
+    from prge_lib.experiments.bench.engine import engine_bench, parse_configs
+    from prge_lib.models.buckets import parse_buckets
+    from prge_lib.models.loading import check_device, load_model
+    from prge_lib.zo.rge import check_zo_settings
+
+    configs = parse_configs(args.configs)
+    tasks = [t.strip() for t in (args.task or "sst2,rte").split(",") if t.strip()]
+    for task in tasks:
+        get_task(task)
+    try:
+        q = int(args.q_list)
+    except ValueError:
+        raise ValueError(f"--q takes one integer with --configs, got {args.q_list!r}") from None
+    check_zo_settings(q, args.E, dtype=args.dtype)
+    check_numbers({"repeats": args.repeats, "max_pack": args.max_pack}, options=True)
+    buckets = parse_buckets(args.buckets)
+    check_device(args.device)
+    start = time.perf_counter()
+    result = engine_bench(lambda dtype: load_model(args.model, dtype=dtype, device=args.device), configs, tasks,
+                          q=q, E=args.E, seq_len=args.seq_len, buckets=buckets, dtype=args.dtype,
+                          steps=args.repeats, warmup=args.warmup, max_pack=args.max_pack,
+                          graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr))
+    result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
+                   "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
+                   "batches": "real training batches (prompts cut to --seq-len)", "repeats": args.repeats,
+                   "warmup": args.warmup, "seed": 0, "provenance": provenance(time.perf_counter() - start)})
+    write_result(args.out, result)
+    return 0
+
+
+def run_gpu_check(args) -> int:
+    """``prge gpu-check``: the GPU engine's checks (experiments.bench.gpu_checks), recorded with the device."""
+    from prge_lib.experiments.bench.gpu_checks import gpu_checks
+    from prge_lib.models.loading import check_device, load_model
+
+    check_device(args.device)
+    start = time.perf_counter()
+    checks = gpu_checks(lambda dtype: load_model(args.model, dtype=dtype, device=args.device)[0])
+    failed = [name for name, check in checks.items() if check["passed"] is False]
+    result = {"kind": "gpu-check", "device": args.device, "model": args.model or EMBEDDED, "checks": checks,
+              "failed": failed, "seed": 0, "provenance": provenance(time.perf_counter() - start)}
+    write_result(args.out, result)
+    for name, check in checks.items():
+        state = {True: "passed", False: "FAILED", None: "not run here"}[check["passed"]]
+        print(f"{name}: {state} {json.dumps({k: v for k, v in check.items() if k != 'passed'})}")
+    return 0
+
+
+def gpu_check_options(gc) -> None:
+    add_config_options(gc, ("model", "device"))
+    gc.add_argument("--out", required=True, help="where to write the JSON result")
+    gc.set_defaults(run=run_gpu_check)
+
+
 def run_footprint(args) -> int:
     from prge_lib.experiments.bench.footprint import footprint
 
@@ -54,11 +117,20 @@ def run_footprint(args) -> int:
 def bench_options(be) -> None:
     from prge_lib.experiments.bench.methods import CONFIGS
 
-    be.add_argument("--method", required=True, help=f"comma-separated, from: {', '.join(CONFIGS)}")
+    be.add_argument("--method", default=None, help=f"comma-separated, from: {', '.join(CONFIGS)}")
+    be.add_argument("--configs", default=None,
+                    help="instead of --method: the engine's configurations, eager (the per-layer fp32 step), "
+                         "optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max; on real "
+                         "batches of --task (comma-separated, default sst2,rte): run-steps per second, MFU, ratios "
+                         "to eager")
+    be.add_argument("--buckets", default="64,128,256", help="--configs: the length buckets of the optimised steps")
+    be.add_argument("--max-pack", type=int, default=256, help="--configs: the largest pack packed-max tries")
+    be.add_argument("--no-graphs", action="store_true", help="--configs: the optimised step without CUDA graphs")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
     be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
     be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")
-    be.add_argument("--task", default=None, help="time real training batches of this task instead")
+    be.add_argument("--task", default=None, help="time real training batches of this task instead (with "
+                                                 "--configs: tasks, comma-separated)")
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--warmup", type=int, default=1)
     add_model_options(be)

@@ -31,11 +31,13 @@ def run_reproduce(args) -> int:
             raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
         check_numbers({"seed": seeds})
     overrides = {"steps": args.steps} if args.steps else {}
+    benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
+    if args.dtype != "fp32":
+        if args.grid not in benchmarks:
+            raise ValueError(f"--dtype {args.dtype}: the dtype of the timed base applies to the benchmark grids "
+                             f"{benchmarks} only; the {args.grid!r} cells keep their own")
+        overrides["dtype"] = args.dtype
     if args.device != "cpu":
-        benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
-        if args.grid in benchmarks:
-            raise ValueError(f"--device {args.device}: the {args.grid!r} grid times this machine's CPU, so it has "
-                             f"no device option; --device applies to the other grids, not to {benchmarks}")
         from prge_lib.models.loading import check_device
         check_device(args.device)      # before any cell starts, naming what this torch can use
         overrides["device"] = args.device
@@ -95,7 +97,8 @@ def reproduce_options(rp) -> None:
                     help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
                     "running training cell stops at a checkpoint that the same command resumes")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
-                    "result records it; on cuda the ZO noise comes from torch's CUDA generator)")
+                    "result records it; on cuda P-RGE draws counter noise with the fused step, and the runtime and "
+                    "memory grids time the GPU)")
     rp.add_argument("--pack", type=int, default=None, metavar="N",
                     help="train up to N training cells in one pack, one forward per step for all of them "
                     "(prge_lib.training.packed): the cells still to run of a packable method (prge, mezo-lorafa) "
@@ -104,6 +107,8 @@ def reproduce_options(rp) -> None:
                     "run alone. Each cell keeps its own lock, checkpoint and result file (which records the pack). "
                     f"Default {DEFAULT_GPU_PACK} with --device cuda and the local backend, else 1 (no packs); "
                     "--list prices packed cells")
+    rp.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"),
+                    help="the benchmark grids (runtime, memory): the base weights' precision in the timed steps")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")
     rp.add_argument("--checkpoint-root", default=None, help="where checkpoints go (default: reproduce/ in PRGE_CACHE_DIR, ~/.cache/prge)")
     rp.set_defaults(run=run_reproduce)

@@ -69,6 +69,8 @@ class Cell:
             options += f" --model {shlex.quote(str(c['model']))}"
         if c.get("device", "cpu") != "cpu":
             options += f" --device {c['device']}"
+        if c.get("dtype", "fp32") != "fp32" and self.kind == "bench":
+            options += f" --dtype {c['dtype']}"
         return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
 
 
@@ -107,6 +109,8 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
     if row.method == "bench":
         for seq_len in spec["seq_lens"]:
             s = dict(row.settings, seq_len=seq_len, model=model, E=16)
+            # a GPU's cells name their device and dtype; the CPU's settings stay as they were
+            s.update({k: overrides[k] for k in ("device", "dtype") if k in overrides})
             s["methods"], s["qs"] = list(s["methods"]), list(s["qs"])
             yield s
         return

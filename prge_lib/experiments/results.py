@@ -21,7 +21,8 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
     """The settings in which an existing result differs from the cell (empty: it is this cell's result).
 
     The device is not a setting of the cell: a cell run on a GPU is the same cell (its result records the
-    device and the hardware; the ZO noise then comes from torch's CUDA generator, other draws of the same law)."""
+    device and the hardware; its ZO noise comes from the counter generator, the CPU run's z with --noise counter, or,
+    in results made before that default, from torch's CUDA generator: other draws of the same law)."""
     if cell.kind == "bench":
         return [] if result.get("kind") == "bench" else ["kind"]
     saved = result.get("config", {})

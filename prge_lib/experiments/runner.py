@@ -189,7 +189,7 @@ def _run_zeroshot(cell: Cell) -> dict:
 def _run_bench(cell: Cell) -> dict:
 
     c = cell.config()
-    spec = {"name": c["model"], "dtype": "fp32", "quant": c["quant"], "device": "cpu"}
+    spec = {"name": c["model"], "dtype": c.get("dtype", "fp32"), "quant": c["quant"], "device": c.get("device", "cpu")}
     result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"],
                    repeats=c["repeats"])
     result.update(kind="bench", config=c, seed=cell.seed)

@@ -152,10 +152,15 @@ def summary_markdown(records: list[dict]) -> str:
     lines.append("")
     lines.append("Test score at each run's best validation step: mean ± standard deviation over seeds "
                  "(number of seeds); learning rate chosen by mean validation score.")
-    if any(r.get("device", "cpu") != "cpu" for r in records):
+    gpu = [r for r in records if r.get("device", "cpu") != "cpu"]
+    if gpu:
+        # before the counter generator became the GPU's default, GPU runs drew from torch's CUDA generator
+        sources = sorted({(r.get("config") or {}).get("noise") or "torch" for r in gpu}, reverse=True)
+        named = {"torch": "torch's CUDA generator", "counter": "the counter generator (the z of a CPU run with "
+                 "--noise counter)"}
         lines.append("")
         lines.append("GPU: the runs trained on a GPU (the result files name it), with the same data, adapter "
-                     "initialisation and settings; their ZO noise came from torch's CUDA generator.")
+                     f"initialisation and settings; their ZO noise came from {' or '.join(named[s] for s in sources)}.")
     return "\n".join(lines) + "\n"
 
 

@@ -22,7 +22,7 @@ FAMILIES = ("zo", "fo")     # zeroth-order (ZO-SGD on q seeded queries) or first
 # Settings that only some methods read; a spec names those its method reads (``uses``). For the other methods
 # the trainer drops a NULLED setting (it records None) and refuses a REFUSED one set away from its default.
 NULLED = ("eps", "q", "E", "inner", "sparsity", "mask", "mask_scope")
-REFUSED = ("adapter", "noise", "program", "mmap_dir")
+REFUSED = ("adapter", "noise", "program", "mmap_dir", "engine", "cuda_graphs")
 
 Config = Any        # a resolved TrainConfig, read by attribute
 Builder = Callable[[Config, Any, Any, Callable[[], list] | None], "Method"]
@@ -143,6 +143,12 @@ def _build_prge(c: Config, model, tokenizer=None, task_batches=None):
         raise ValueError("a config with a program trains through the runtime host: Trainer(config, "
                          "method_builder=prge_lib.deploy.runtime.build_program_method), or prge device-train")
     layers = inject_lorafa(_truncated(c, model), c.targets, c.r, c.alpha, seed=c.seed, noise=c.noise)
+    if getattr(c, "engine", None) == "fused":       # all noise in one call, no host sync (chapter 5)
+        from prge_lib.zo.fused import FusedPRGE
+        from prge_lib.zo.graphs import GraphedPRGE
+
+        fused = GraphedPRGE if c.cuda_graphs else FusedPRGE
+        return fused(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner)
     return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
 
 
@@ -202,9 +208,9 @@ register(MethodSpec("mezo", "zo", _build_mezo, {"lr": 1e-6, "eps": 1e-3, "q": 1,
                     adapter_defaults={"lr": 1e-3, "eps": 1e-2}))
 register(MethodSpec("mezo-lorafa", "zo", _build_prge,
                     {"lr": 1e-3, "eps": 1e-2, "q": 1, "E": 16, "inner": False},
-                    uses=_ZO | {"noise"}, check=_check_mezo_lorafa))
+                    uses=_ZO | {"noise", "engine", "cuda_graphs"}, check=_check_mezo_lorafa))
 register(MethodSpec("prge", "zo", _build_prge, {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
-                    uses=_ZO | {"noise", "program"}, check=_check_prge))
+                    uses=_ZO | {"noise", "program", "engine", "cuda_graphs"}, check=_check_prge))
 # Guo et al. (SensZOQ) App. D: ZO-SGD, ε 1e-3, batch 16. lr probed for the embedded model, 100 SST-2 steps
 # with the C4 mask at 0.1%: mean loss of steps 80-100 7.9 (1e-5), 4.5 (1e-4), 5.5 after spikes to 11 (1e-3)
 register(MethodSpec("senszoq", "zo", _build_senszoq,

@@ -68,7 +68,7 @@ def synthetic_batch(rows: int, seq_len: int, vocab_size: int, seed: int = 0) -> 
     return Batch(ids, torch.ones_like(ids), targets)
 
 
-def last_positions(width: int, length: int) -> torch.Tensor:
+def last_positions(width: int, length: int, device: torch.device | str | None = None) -> torch.Tensor:
     """``logits_to_keep`` for the last ``width`` of ``length`` positions, as positions rather than a count.
 
     A count makes the model slice its hidden states (a strided view); with frozen weights PyTorch's matmul
@@ -77,18 +77,42 @@ def last_positions(width: int, length: int) -> torch.Tensor:
     gather them into a contiguous tensor, which goes to the single product."""
     if not 0 < width <= length:
         raise ValueError(f"cannot keep the last {width} of {length} positions")
-    return torch.arange(length - width, length)
+    return torch.arange(length - width, length, device=device)     # made on the device: no copy from the host
 
 
-def tail_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> torch.Tensor:
-    """The model's logits at the last ``width`` positions only: a (rows, width, vocab) tensor."""
-    keep = last_positions(width, input_ids.shape[1]).to(input_ids.device)
+def causal_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (rows, 1, L, L) additive mask of a left-padded batch, built on the mask's device: 0 where query i may
+    attend to key j (j ≤ i and j is a real token, or j = i so that a padding row stays finite), the dtype's
+    most negative value elsewhere. Real rows see the mask transformers builds; transformers' own construction
+    for SDPA reads ``padding_mask.all()`` on the host to choose a kernel, a sync this mask avoids (chapter 5)."""
+    length = attention_mask.shape[1]
+    position = torch.arange(length, device=attention_mask.device)
+    allowed = (position.view(1, length) <= position.view(length, 1)) & attention_mask.bool().view(-1, 1, 1, length)
+    allowed = allowed | torch.eye(length, dtype=torch.bool, device=attention_mask.device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device).masked_fill_(~allowed,
+                                                                                               torch.finfo(dtype).min)
+
+
+def tail_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int,
+                device_mask: bool | None = None) -> torch.Tensor:
+    """The model's logits at the last ``width`` positions only: a (rows, width, vocab) tensor.
+
+    ``device_mask`` (default: on a GPU) passes :func:`causal_padding_mask` instead of the 2-D mask, so the forward
+    reads nothing on the host (the CPU keeps transformers' own mask, and the numbers it gave)."""
+    keep = last_positions(width, input_ids.shape[1], input_ids.device)
+    if device_mask is None:
+        device_mask = input_ids.device.type == "cuda"
+    if device_mask:
+        dtype = next(model.parameters()).dtype
+        dtype = dtype if dtype.is_floating_point else torch.float32
+        mask = causal_padding_mask(attention_mask, dtype)
+        return model(input_ids=input_ids, attention_mask=mask, logits_to_keep=keep, use_cache=False).logits
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
 
 
-def row_losses(model, batch: Batch) -> torch.Tensor:
+def row_losses(model, batch: Batch, device_mask: bool | None = None) -> torch.Tensor:
     """Mean cross-entropy over each row's target tokens: a (rows,) tensor (at least fp32)."""
-    logits = tail_logits(model, batch.input_ids, batch.attention_mask, batch.targets.shape[1])
+    logits = tail_logits(model, batch.input_ids, batch.attention_mask, batch.targets.shape[1], device_mask)
     return target_losses(logits, batch.targets)
 
 
@@ -102,9 +126,9 @@ def target_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return ce.sum(1) / counts
 
 
-def copy_losses(model, batch: Batch, n: int) -> torch.Tensor:
+def copy_losses(model, batch: Batch, n: int, device_mask: bool | None = None) -> torch.Tensor:
     """Loss of each of the n copies in a batch made by ``Batch.repeat(n)``: a (n,) tensor."""
-    return row_losses(model, batch).reshape(n, -1).mean(1)
+    return row_losses(model, batch, device_mask).reshape(n, -1).mean(1)
 
 
 def fit_width(batch: Batch, width: int, pad_id: int, target_width: int | None = None) -> Batch:

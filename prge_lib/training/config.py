@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 
 from prge_lib.data.tasks import PROTOCOL
 from prge_lib.models.options import DTYPE_NAMES, QUANT_MODES
-from prge_lib.zo.defaults import DEFAULT_TARGETS, KEEP_NOISE_BUDGET_MIB, LORA_ALPHA, LORA_R, NOISE_SOURCES
+from prge_lib.zo.defaults import DEFAULT_TARGETS, ENGINES, KEEP_NOISE_BUDGET_MIB, LORA_ALPHA, LORA_R, NOISE_SOURCES
 
 # settings that change the trajectory: a checkpoint only resumes a run that agrees on all of them
 _IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
              "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
-             "layers", "sparsity", "mask", "mask_scope")
+             "layers", "sparsity", "mask", "mask_scope", "engine", "buckets")
 # identity keys added later, with the value that checkpoints written before them implied
 IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None, "sparsity": None, "mask": None,
-                    "mask_scope": None}
+                    "mask_scope": None, "engine": "layerwise", "buckets": None}
 
 
 
@@ -67,8 +67,16 @@ class TrainConfig:
     keep_noise: bool | None = _option(None, "P-RGE: keep each z of the forward for the update instead of redrawing "
                                             "it (same numbers, faster, q·d floats of memory; default: when they "
                                             f"fit {KEEP_NOISE_BUDGET_MIB} MiB)")
-    noise: str = _option("torch", "P-RGE: where z comes from; counter: the generator an exported program runs",
-                         choices=NOISE_SOURCES)
+    noise: str | None = _option(None, "P-RGE: where z comes from: torch's generator (the default on the CPU) or "
+                                      "counter, the generator an exported program runs (the default on a GPU: "
+                                      "the same z on every device)", choices=NOISE_SOURCES)
+    engine: str | None = _option(None, "P-RGE: layerwise (z per layer and seed; the default on the CPU) or fused "
+                                       "(all noise in one call, one update, no host sync; needs counter noise; "
+                                       "the default on a GPU)", choices=ENGINES)
+    buckets: str | None = _option(None, "pad every batch to the smallest of these lengths that holds it, e.g. "
+                                        "32,64,128 (shapes repeat: what --cuda-graphs needs)")
+    cuda_graphs: bool = _option(False, "P-RGE on a GPU: replay the fused step as a CUDA graph per batch shape "
+                                       "(needs --engine fused and --buckets)")
     layers: int | None = _option(None, "keep only the first N decoder layers (small exported programs)")
     program: str | None = _option(None, "P-RGE: run each step in this ExecuTorch program (prge export); needs "
                                         "--noise counter and --max-length")
@@ -141,13 +149,13 @@ class TrainConfig:
         if spec.self_quantizing and c.quant not in ("nf4", "none"):
             raise ValueError(f"{c.method} dequantizes an NF4 base itself; quant {c.quant!r} is not supported "
                              f"(choose nf4 or none)")
-        check_noise_source(c.noise)
         unset = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
         for name in registry.REFUSED:
             if name not in spec.uses and getattr(c, name) != unset[name]:
                 users = registry.users(name)
                 raise ValueError(f"{name} applies to method{'s' if len(users) > 1 else ''} {' and '.join(users)} "
                                  f"only, not {c.method} (got {getattr(c, name)!r})")
+        _resolve_engine(c, "noise" in spec.uses)
         if spec.check is not None:
             spec.check(c)
         check_step_memory(c)
@@ -156,3 +164,31 @@ class TrainConfig:
     def identity(self) -> dict:
         values = dataclasses.asdict(self)
         return {k: (list(values[k]) if isinstance(values[k], tuple) else values[k]) for k in _IDENTITY}
+
+
+def _resolve_engine(c: TrainConfig, lorafa: bool) -> None:
+    """Fill the noise source and the engine by device (a GPU: counter noise, so a GPU run and a CPU run of one
+    seed draw the same z, and the fused step; the CPU: torch noise, the per-layer step) and check the buckets
+    and CUDA graphs; ``lorafa``: whether the method trains prge_lib.zo.lora's layers."""
+    from prge_lib.models.buckets import parse_buckets
+    from prge_lib.zo.lora import check_noise_source
+
+    gpu = c.device.split(":")[0] == "cuda"
+    if c.noise is None:
+        c.noise = "counter" if gpu and lorafa and c.program is None else "torch"
+    check_noise_source(c.noise)
+    if c.engine is None:
+        c.engine = "fused" if lorafa and gpu and c.noise == "counter" and c.program is None else "layerwise"
+    if c.engine not in ENGINES:
+        raise ValueError(f"unknown engine {c.engine!r}; choose one of {list(ENGINES)}")
+    if c.engine == "fused" and c.noise != "counter":
+        raise ValueError("engine 'fused' draws all noise in one counter-generator call: it needs noise 'counter' "
+                         f"(got {c.noise!r})")
+    if c.engine == "fused" and c.program is not None:
+        raise ValueError("a program runs its own step in the runtime: leave engine unset or 'layerwise'")
+    buckets = parse_buckets(c.buckets)
+    c.buckets = None if buckets is None else ",".join(map(str, buckets))
+    if c.cuda_graphs and not (gpu and c.engine == "fused" and buckets):
+        raise ValueError(f"cuda_graphs replays the fused step on a GPU for fixed shapes: it needs device cuda, "
+                         f"engine 'fused' and buckets (got device {c.device!r}, engine {c.engine!r}, "
+                         f"buckets {c.buckets!r})")

@@ -5,9 +5,11 @@ Each run is what :class:`~prge_lib.training.trainer.Trainer` would make of its c
 order, noise seeds, evaluation schedule, checkpoint folder and result, with the same fields as ``Trainer.run()``
 (plus ``status`` as the reproduction runner records it, and ``packed``: the pack it ran in). The bookkeeping is
 the trainer's own (a ``Trainer`` per run drives it); only the step is shared. What the runs must share is the
-model they train: ``model``, ``dtype``, ``quant``, ``device``, ``layers`` and ``targets``; tasks, q, E, ε, lr,
-seeds, rank, α, noise source and step counts may all differ. Methods: ``prge`` and ``mezo-lorafa`` (P-RGE with
-q = 1). A pack's step runs every copy of every run in one forward, whatever a run's ``outer``/``inner``
+model they train: ``model``, ``dtype``, ``quant``, ``device``, ``layers``, ``targets``, ``engine`` and
+``buckets``; tasks, q, E, ε, lr, seeds, rank, α, noise source and step counts may all differ (with ``engine``
+fused, the shared step draws each run's noise in one call and updates it on the device, so every run needs
+counter noise; ``buckets`` pad the pack's batch to a bucket length). Methods: ``prge`` and ``mezo-lorafa``
+(P-RGE with q = 1). A pack's step runs every copy of every run in one forward, whatever a run's ``outer``/``inner``
 switches say: they change the speed of an unpacked run, not its numbers beyond float rounding (chapter 5).
 
 A run that reaches its steps leaves the pack; a run whose loss turns non-finite is recorded as diverged (the
@@ -26,6 +28,7 @@ from tqdm.auto import tqdm
 from prge_lib.common.provenance import provenance, start_commit, write_result
 from prge_lib.data.splits import TaskData
 from prge_lib.methods import registry
+from prge_lib.models.buckets import parse_buckets
 from prge_lib.models.loading import load_model, truncate_layers
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import check_checkpoint_folder
@@ -34,7 +37,7 @@ from prge_lib.training.trainer import Trainer, TrainingDiverged
 from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
-SHARED = ("model", "dtype", "quant", "device", "layers", "targets")   # what every run of a pack must agree on
+SHARED = ("model", "dtype", "quant", "device", "layers", "targets", "engine", "buckets")   # what every run of a pack must agree on
 
 
 class PackStopped(RuntimeError):
@@ -64,6 +67,8 @@ def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
             raise ValueError(f"run {i}: method {c.method!r} cannot be packed; choose one of {list(PACKABLE)}")
         if c.program is not None:
             raise ValueError(f"run {i}: a config with a program trains through the runtime host, not in a pack")
+        if c.cuda_graphs:
+            raise ValueError(f"run {i}: cuda_graphs applies to a run alone; a pack's step runs without graphs")
         for key in SHARED:
             if getattr(c, key) != getattr(resolved[0], key):
                 raise ValueError(f"run {i}: {key} = {getattr(c, key)!r}, but run 0 has {getattr(resolved[0], key)!r}; "
@@ -102,7 +107,8 @@ class PackedTrainer:
         self.pack = build_pack(model, [{"targets": c.targets, "r": c.r, "alpha": c.alpha, "seed": c.seed,
                                         "noise": c.noise, "q": c.q, "eps": c.eps, "lr": c.lr,
                                         "keep_noise": c.keep_noise} for c in configs],
-                               tokenizer.pad_token_id)
+                               tokenizer.pad_token_id, fused=first.engine == "fused",
+                               buckets=parse_buckets(first.buckets))
         self.trainers = [Trainer(c, model, tokenizer, d, folder, progress=False,
                                  method_builder=lambda c, m, r=r: self.pack.method(r))
                          for r, (c, d, folder) in enumerate(zip(configs, data, checkpoint_dirs))]

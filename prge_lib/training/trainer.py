@@ -24,6 +24,7 @@ from prge_lib.data.splits import TaskData, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.methods import registry
 from prge_lib.methods.base import check_method
+from prge_lib.models.buckets import parse_buckets, to_bucket
 from prge_lib.models.loading import load_model
 from prge_lib.models.objective import collate, encode_example
 from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, check_checkpoint_folder,
@@ -121,7 +122,9 @@ class Trainer:
 
     def batch(self, t: int):
         items = [self.items[i] for i in self.batch_indices(t)]
-        return collate(items, self.tokenizer.pad_token_id).to(self.device)
+        batch = to_bucket(collate(items, self.tokenizer.pad_token_id), parse_buckets(self.config.buckets),
+                          self.tokenizer.pad_token_id)
+        return batch.to(self.device)
 
     # ----- evaluation
     def evaluate(self, examples: list[dict]) -> float:

@@ -8,6 +8,9 @@ LORA_ALPHA = 32
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # where a layer's noise comes from: torch's generator (prge_lib.zo.rge.gaussian) or the counter generator
 NOISE_SOURCES = ("torch", "counter")
+# how a P-RGE step runs: per layer and seed (the reference, the CPU's default) or fused (all noise in one
+# counter-generator call, one update for the whole adapter, no host sync: prge_lib.zo.fused; a GPU's default)
+ENGINES = ("layerwise", "fused")
 # The trainer keeps each step's noise for the update (instead of redrawing it from the seeds) when the q·d
 # floats fit in this many MiB: redrawing costs as much time as the first draw, which grows with q (chapter 5
 # measures it), while keeping holds q·d floats during the step: 152 MiB at q = 16 for SmolLM2-135M

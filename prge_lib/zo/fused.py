@@ -38,13 +38,15 @@ def adapter_span(layers: Sequence[LoRAFALinear]) -> tuple[int, int]:
     return min(layer.offset for layer in layers), max(layer.offset + layer.lora_B.numel() for layer in layers)
 
 
-def draw_all(layers: Sequence[LoRAFALinear], seeds: Sequence[int]) -> torch.Tensor:
+def draw_all(layers: Sequence[LoRAFALinear], seeds: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Every layer's z for every seed in one vectorized draw: a (q, D) float32 tensor on the layers' device
     whose row i, from column ``layer.offset − start``, holds ``layer.draw(seeds[i])`` flattened, bit for bit
-    (start, D from :func:`adapter_span`)."""
+    (start, D from :func:`adapter_span`). ``seeds`` may be an int64 tensor already on the device (a captured
+    step reads them from a buffer)."""
     start, end = adapter_span(layers)
-    return counter_normal_seeds(torch.tensor(list(seeds), dtype=torch.int64), 0, end - start, start,
-                                device=layers[0].lora_B.device)
+    if not isinstance(seeds, torch.Tensor):
+        seeds = torch.tensor(list(seeds), dtype=torch.int64)
+    return counter_normal_seeds(seeds, 0, end - start, start, device=layers[0].lora_B.device)
 
 
 def layer_views(layers: Sequence[LoRAFALinear], flat: torch.Tensor) -> list[torch.Tensor]:
@@ -54,20 +56,18 @@ def layer_views(layers: Sequence[LoRAFALinear], flat: torch.Tensor) -> list[torc
             .view(*flat.shape[:-1], *layer.lora_B.shape) for layer in layers]
 
 
-@torch.no_grad()
-def fused_prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int], eps: float,
-                    lr: float, outer: bool = True, inner: bool = True) -> dict:
-    """One P-RGE step (Gao et al. Alg. 1) with counter noise, as :func:`prge_lib.zo.prge.prge_step` computes
-    it but without a host sync: Z from :func:`draw_all`, kept for the forward and the update, and
-    B ← B − (η/q) Σ_i g_i z_i as one product gᵀZ and one foreach add. Returns the losses ℓ⁺, ℓ⁻, g and
-    ``finite`` as device tensors; a non-finite loss leaves every B as it was (its coefficients are zeroed)."""
-    check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
-    q = len(seeds)
-    z = draw_all(layers, seeds)                                                    # (q, D)
-    parts = layer_views(layers, z)                                                 # (q, out, r) per layer
-    given = [{seed: part[i] for i, seed in enumerate(seeds)} for part in parts]
-    with keeping_noise(layers, given):
-        losses = device_losses(model, layers, batch, seeds, eps, outer, inner).to(torch.float32)  # as prge_step
+def kept_noise(layers: Sequence[LoRAFALinear], z: torch.Tensor, keys: Sequence[int]) -> list[dict]:
+    """For :func:`prge_lib.zo.lora.keeping_noise`: layer j's rows of the (q, D) draw ``z`` under ``keys[i]``
+    (the seeds, or any q distinct labels the step's copies name)."""
+    return [{key: part[i] for i, key in enumerate(keys)} for part in layer_views(layers, z)]
+
+
+def fused_update(layers: Sequence[LoRAFALinear], z: torch.Tensor, losses: torch.Tensor, eps: float,
+                 lr: float) -> dict:
+    """Alg. 1 lines 11 and 14 on the device from the (2, q) losses and the (q, D) draw ``z``: g, and
+    B ← B − (η/q) gᵀZ as one product and one foreach add, zeroed when a loss is not finite. Returns the losses
+    ℓ⁺, ℓ⁻, g and ``finite`` as device tensors."""
+    q = z.shape[0]
     g = projected_gradients(losses, eps)                                           # Alg. 1 line 11
     finite = torch.isfinite(losses).all()
     coefficients = torch.where(finite, g, torch.zeros_like(g)) * (-lr / q)
@@ -75,6 +75,24 @@ def fused_prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: 
     torch._foreach_add_([layer.lora_B for layer in layers],
                         [part.to(layer.lora_B.dtype) for layer, part in zip(layers, layer_views(layers, step))])
     return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+@torch.no_grad()
+def fused_prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int] | torch.Tensor,
+                    eps: float, lr: float, outer: bool = True, inner: bool = True,
+                    device_mask: bool | None = None) -> dict:
+    """One P-RGE step (Gao et al. Alg. 1) with counter noise, as :func:`prge_lib.zo.prge.prge_step` computes
+    it but without a host sync: Z from :func:`draw_all`, kept for the forward and the update
+    (:func:`fused_update`). Returns the losses ℓ⁺, ℓ⁻, g and ``finite`` as device tensors; a non-finite loss
+    leaves every B as it was (its coefficients are zeroed). ``seeds`` given as a device tensor: the copies
+    are labelled 0 … q−1 instead (nothing of the step then depends on the seeds' values on the host).
+    ``device_mask``: the attention mask built on the device (default: on a GPU; ``objective.tail_logits``)."""
+    check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
+    z = draw_all(layers, seeds)                                                    # (q, D)
+    keys = list(range(z.shape[0])) if isinstance(seeds, torch.Tensor) else list(seeds)
+    with keeping_noise(layers, kept_noise(layers, z, keys)):
+        losses = device_losses(model, layers, batch, keys, eps, outer, inner, device_mask).to(torch.float32)
+    return fused_update(layers, z, losses, eps, lr)
 
 
 def host_record(out: dict) -> dict:

@@ -89,9 +89,14 @@ class LoRAFALinear(nn.Module):
         if seeds == distinct * blocks and all(isinstance(scale, float) for scale in scales):
             # every loop setting lists the same seeds in each of its blocks (one per sign, chapter 6): two
             # broadcast passes write all n copies, B + s_c z_c, from the u distinct z's
+            # the scales multiply as Python numbers: a tensor of them would be a host-to-device copy per layer
             z = torch.stack([self.noise(seed) for seed in distinct])                        # (u, out, r)
-            s = torch.tensor(scales, dtype=z.dtype, device=z.device).view(blocks, len(distinct), 1, 1)
-            return (s * z).add_(self.lora_B).reshape(len(seeds), *self.lora_B.shape)     # as B + s·z, bit for bit
+            u = len(distinct)
+            parts = []
+            for block in range(blocks):
+                own = scales[block * u:(block + 1) * u]
+                parts.append(z * own[0] if len(set(own)) == 1 else torch.stack([zj * s for zj, s in zip(z, own)]))
+            return torch.cat(parts).add_(self.lora_B)                                       # as B + s·z, bit for bit
         draws: dict[int, torch.Tensor] = {}
         copies = []
         for seed, scale in self.copies:

@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prge_lib.models.buckets import bucket_length
 from prge_lib.models.objective import Batch, fit_width, row_losses
 from prge_lib.zo.estimator import step_seeds
+from prge_lib.zo.fused import adapter_span, draw_all, fused_update, host_record, kept_noise
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, inject_lorafa, keeping_noise, perturbed
 from prge_lib.zo.prge import estimate_and_update, keeps_noise, step_record
 from prge_lib.zo.rge import check_zo_dtype
@@ -132,13 +134,20 @@ class PackedRun:
 
 
 class Pack:
-    """R ZO runs on one model (:func:`inject_packed`); :meth:`step` trains any subset of them in one forward."""
+    """R ZO runs on one model (:func:`inject_packed`); :meth:`step` trains any subset of them in one forward.
+
+    ``fused``: each run's noise drawn in one counter-generator call and its update made on the device
+    (:mod:`prge_lib.zo.fused`; needs counter noise), the records read in one copy after the step.
+    ``buckets``: the pack's batch padded to the smallest of these lengths that holds it."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
-                 pad_id: int):
+                 pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None):
         self.model, self.layers, self.runs, self.pad_id = model, list(layers), list(runs), pad_id
+        self.fused, self.buckets = fused, tuple(buckets) if buckets else None
         for r, run in enumerate(self.runs):
             check_zo_dtype([layer.lora_B for layer in run.layers], f"P-RGE (packed run {r})")
+            if fused:
+                adapter_span(run.layers)          # counter noise, or a ValueError naming the layer now
 
     @contextlib.contextmanager
     def solo(self, r: int):
@@ -162,6 +171,8 @@ class Pack:
             raise ValueError(f"runs {unknown} are not in this pack of {len(self.runs)}")
         seeds = {r: step_seeds(self.runs[r].seed, work[r][1], self.runs[r].q) for r in order}
         width = max(work[r][0].input_ids.shape[1] for r in order)
+        if self.buckets:
+            width = bucket_length(width, self.buckets)
         target_width = max(work[r][0].targets.shape[1] for r in order)
         parts, rows = [], []
         for r in order:
@@ -171,21 +182,32 @@ class Pack:
         batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in ("input_ids", "attention_mask",
                                                                               "targets")))
         with contextlib.ExitStack() as stack:
+            noise = {}
             for r in order:
                 run = self.runs[r]
-                if run.keep_noise:
+                if self.fused:
+                    noise[r] = draw_all(run.layers, seeds[r])                        # (q, D) in one call
+                    stack.enter_context(keeping_noise(run.layers, kept_noise(run.layers, noise[r], seeds[r])))
+                elif run.keep_noise:
                     stack.enter_context(keeping_noise(run.layers, draw_noise(run.layers, seeds[r])))
                 eps = run.eps
                 stack.enter_context(perturbed(run.layers, [(s, eps) for s in seeds[r]] +
                                               [(s, -eps) for s in seeds[r]]))
             stack.enter_context(_rows(self.layers, rows))
-            values = row_losses(self.model, batch).cpu()
+            values = row_losses(self.model, batch)
+            if not self.fused:
+                values = values.cpu()
             records, start = {}, 0
             for r, n in rows:
                 run = self.runs[r]
                 losses = values[start:start + n].reshape(2 * run.q, -1).mean(1).reshape(2, run.q)
                 start += n
-                records[r] = step_record(estimate_and_update(run.layers, seeds[r], losses, run.eps, run.lr))
+                if self.fused:
+                    records[r] = fused_update(run.layers, noise[r], losses.to(torch.float32), run.eps, run.lr)
+                else:
+                    records[r] = step_record(estimate_and_update(run.layers, seeds[r], losses, run.eps, run.lr))
+        if self.fused:                  # after the step: the records come to the host
+            records = {r: host_record(out) for r, out in records.items()}
         return records
 
     def method(self, r: int) -> "PackedMethod":
@@ -222,12 +244,13 @@ class PackedMethod:
         return self.pack.step({self.r: (batch, t)})[self.r]
 
 
-def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int) -> Pack:
+def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int, fused: bool = False,
+               buckets: Sequence[int] | None = None) -> Pack:
     """A pack of R runs on ``model``; ``settings[r]`` holds run r's targets, r, alpha, noise, q, eps, lr, seed
-    and keep_noise (None: by the memory budget, as ``PRGE`` decides)."""
+    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused`` and ``buckets``: :class:`Pack`."""
     adapters = [{k: s[k] for k in ("targets", "r", "alpha", "seed", "noise")} for s in settings]
     packed, per_run = inject_packed(model, adapters)
     runs = [PackedRun(layers, s["q"], s["eps"], s["lr"], s["seed"], keeps_noise(layers, s["q"], s["keep_noise"]))
             for layers, s in zip(per_run, settings)]
-    return Pack(model, packed, runs, pad_id)
+    return Pack(model, packed, runs, pad_id, fused, buckets)
 

@@ -64,16 +64,17 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
 
 
 def device_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
-                  inner: bool = True) -> torch.Tensor:
+                  inner: bool = True, device_mask: bool | None = None) -> torch.Tensor:
     """The 2q losses of a step's copies (s_i, ±ε), forwarded in the groups of :func:`forward_groups` with
     ``layers`` :func:`perturbed`: a (2, q) tensor (row 0 ℓ⁺, row 1 ℓ⁻) of the losses' dtype (fp32 or fp64) left
     on the model's device.
-    ``layers``: LoRA-FA layers, or any layers that read ``copies`` the same way (SensZOQ's sparse values)."""
+    ``layers``: LoRA-FA layers, or any layers that read ``copies`` the same way (SensZOQ's sparse values).
+    ``device_mask``: as :func:`prge_lib.models.objective.tail_logits` (default: on a GPU)."""
     q = len(seeds)
     values, order = [], []
     for group in forward_groups(q, outer, inner):
         with perturbed(layers, [(seeds[i], sign * eps) for i, sign in group]):
-            values.append(copy_losses(model, batch.repeat(len(group)), len(group)))
+            values.append(copy_losses(model, batch.repeat(len(group)), len(group), device_mask))
         order += [(0 if sign > 0 else 1) * q + i for i, sign in group]
     flat = torch.cat(values)
     if order != list(range(2 * q)):       # forwards in another order than ℓ⁺ then ℓ⁻: put each loss in place

@@ -1,0 +1,243 @@
+"""The GPU engine's benchmark (chapter 5): run-steps per second and model FLOP utilisation of the P-RGE step
+as the CPU runs it (``eager``), optimised, and packed, on real training batches, all in one process so the
+ratios compare like with like.
+
+    eager        the per-layer step in fp32 with torch's noise: the CPU's path (prge_lib.zo.prge.PRGE)
+    optimised    the fused step (prge_lib.zo.fused) in the given dtype, counter noise, batches padded to length
+                 buckets, replayed as a CUDA graph per shape on a GPU (prge_lib.zo.graphs)
+    packed-N     N runs (seeds 0 … N−1) sharing each forward, fused, bucketed (prge_lib.zo.packing)
+    packed-max   the largest pack, doubling from 8 (1 on the CPU) up to ``max_pack``, whose step fits memory
+
+``run_steps_per_s`` counts the steps of one run per second (a pack of R makes R per step). ``mfu`` divides the
+FLOPs of the real tokens (padding not counted; :func:`forward_flops`) by the device's dense fp16 peak
+(:data:`PEAK_FP16_FLOPS`, by device name; None where unknown, e.g. a CPU).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from prge_lib.common.measure import release_memory, time_steps
+from prge_lib.experiments.bench.methods import BatchSource
+from prge_lib.models.buckets import to_bucket
+from prge_lib.models.objective import IGNORE, Batch
+from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
+from prge_lib.zo.fused import FusedPRGE
+from prge_lib.zo.graphs import GraphedPRGE
+from prge_lib.zo.lora import inject_lorafa
+from prge_lib.zo.packing import build_pack
+from prge_lib.zo.prge import PRGE
+
+# dense (no sparsity) fp16 tensor-core peaks from the vendors' data sheets, FLOP/s; first match of all words wins
+PEAK_FP16_FLOPS = ((("H200",), 989e12), (("H100", "PCIe"), 756e12), (("H100",), 989e12), (("A100",), 312e12))
+FIXED = ("eager", "optimised", "packed-max")
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense fp16 peak of a device named ``device_name`` (torch.cuda.get_device_name), None if not listed."""
+    for words, peak in PEAK_FP16_FLOPS:
+        if all(word.lower() in device_name.lower() for word in words):
+            return peak
+    return None
+
+
+def parse_configs(text: str) -> list[str]:
+    """``eager,optimised,packed-8,packed-max`` as a list, each name checked (packed-N with N ≥ 1)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name in FIXED:
+            continue
+        size = name.removeprefix("packed-")
+        if not (name.startswith("packed-") and size.isdigit() and int(size) >= 1):
+            raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)} or packed-N "
+                             f"(N ≥ 1)")
+    if not names:
+        raise ValueError("--configs names no configuration")
+    return names
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP count reads of a Llama-style model's config."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> "ModelShape":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                   config.num_key_value_heads, head_dim, config.num_hidden_layers, config.vocab_size)
+
+
+def forward_flops(shape: ModelShape, tokens: int, targets: int, lora: Sequence[tuple[int, int]], r: int) -> int:
+    """Multiply-add FLOPs (2 per multiply-add) of one row's forward over its ``tokens`` real tokens: the
+    decoder's projections, causal attention over the n(n+1)/2 query-key pairs (scores and values), the LoRA-FA
+    path of every adapted projection (``lora``: its (in, out); x Aᵀ then h Bᵀ), and the head at the ``targets``
+    answer positions. Norms, rotary and softmax (elementwise) are left out."""
+    s = shape
+    q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    per_token = 2 * s.layers * (s.hidden * q_width + 2 * s.hidden * kv_width + q_width * s.hidden
+                                + 3 * s.hidden * s.intermediate)
+    attention = 2 * 2 * s.layers * q_width * tokens * (tokens + 1) // 2
+    adapter = sum(2 * r * (fan_in + fan_out) for fan_in, fan_out in lora)
+    return tokens * (per_token + adapter) + attention + targets * 2 * s.hidden * s.vocab
+
+
+def step_flops(shape: ModelShape, batch: Batch, copies: int, lora: Sequence[tuple[int, int]], r: int) -> int:
+    """FLOPs of a run's step: ``copies`` (2q) forwards of every row of ``batch``, real tokens only."""
+    tokens = batch.attention_mask.sum(1).tolist()
+    targets = (batch.targets != IGNORE).sum(1).tolist()
+    return copies * sum(forward_flops(shape, n, t, lora, r) for n, t in zip(tokens, targets))
+
+
+class _Timed:
+    """A step function that keeps each call's batches, so that their FLOPs are counted after the timing."""
+
+    def __init__(self, step: Callable[[int], list[Batch]]):
+        self.step, self.batches = step, []
+
+    def __call__(self, t: int) -> None:
+        self.batches.append(self.step(t))
+
+
+def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable, dtype: str, q: int, E: int,
+            buckets: Sequence[int] | None, steps: int, warmup: int, runs: int = 1, graphs: bool = True,
+            eps: float = 1e-2, lr: float = 1e-9) -> dict:
+    """Time one configuration on a fresh model from ``make_model(dtype)``; ``source_for(model, tokenizer)``
+    gives its batch source (rows, t) → Batch. Returns its record (without ``mfu`` and ratios)."""
+    model, tokenizer = make_model("fp32" if name == "eager" else dtype)
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    source, pad = source_for(model, tokenizer), tokenizer.pad_token_id
+    rows = E // q
+    shape = ModelShape.of(model.config)
+    record = {"config": name, "dtype": "fp32" if name == "eager" else dtype, "runs": runs, "q": q, "E": E,
+              "rows_per_run": rows, "buckets": None if name == "eager" else list(buckets or [])}
+    if name == "eager":
+        layers = inject_lorafa(model, DEFAULT_TARGETS, LORA_R, LORA_ALPHA, seed=0, noise="torch")
+        method = PRGE(model, layers, q, eps, lr, 0)
+        record.update(engine="layerwise", noise="torch")
+    elif runs == 1 and not name.startswith("packed"):
+        layers = inject_lorafa(model, DEFAULT_TARGETS, LORA_R, LORA_ALPHA, seed=0, noise="counter")
+        method = (GraphedPRGE if cuda and graphs else FusedPRGE)(model, layers, q, eps, lr, 0)
+        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs)
+    else:
+        settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": q,
+                     "eps": eps, "lr": lr, "seed": seed, "keep_noise": True} for seed in range(runs)]
+        pack = build_pack(model, settings, pad, fused=True, buckets=buckets)
+        layers = pack.runs[0].layers
+        record.update(engine="fused", noise="counter", cuda_graphs=False)
+    lora = [(layer.in_features, layer.out_features) for layer in layers]
+
+    def flops(batches: list[Batch]) -> int:
+        return sum(step_flops(shape, b, 2 * q, lora, LORA_R) for b in batches)
+
+    def bucketed(b: Batch) -> Batch:
+        return b if name == "eager" else to_bucket(b, buckets, pad).to(device)
+
+    if runs == 1 and not name.startswith("packed"):
+        def one(t: int) -> list[Batch]:
+            batch = bucketed(source(rows, t))
+            method.step(batch, t)
+            return [batch]
+        timed = _Timed(one)
+    else:
+        def packed(t: int) -> list[Batch]:
+            batches = [source(rows, t * runs + r) for r in range(runs)]     # each run its own batch
+            pack.step({r: (b, t) for r, b in enumerate(batches)})
+            return batches
+        timed = _Timed(packed)
+    times = time_steps(timed, steps, warmup, cuda)
+    median = statistics.median(times)
+    counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
+    record.update(times_s=times, median_s=median, run_steps_per_s=runs / median,
+                  flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times))
+    del timed
+    release_memory()
+    return record
+
+
+def largest_pack(try_pack: Callable[[int], dict], start: int, cap: int) -> tuple[int, dict | None, list]:
+    """Double the pack size from ``start`` while ``try_pack(R)`` (a measurement) runs without running out of
+    memory, up to ``cap``; returns the largest R that ran, its record and what stopped each failed size."""
+    size, best, stops = start, (0, None), []
+    while size <= cap:
+        try:
+            best = (size, try_pack(size))
+        except torch.OutOfMemoryError as err:
+            stops.append({"runs": size, "error": str(err).splitlines()[0]})
+            release_memory()
+            break
+        size *= 2
+    return best[0], best[1], stops
+
+
+def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tasks: Sequence[str],
+                 q: int = 4, E: int = 16, seq_len: int = 256,
+                 buckets: Sequence[int] | None = (64, 128, 256), dtype: str = "fp16", steps: int = 5,
+                 warmup: int = 2, max_pack: int = 256, graphs: bool = True,
+                 progress: Callable[[str], None] = print) -> dict:
+    """Measure ``configs`` on real training batches of each of ``tasks`` (prompts cut to ``seq_len``) and
+    return, per task, each configuration's record with its ``mfu`` and its ratios to ``eager`` (when
+    measured), plus the device's name and peak. ``make_model(dtype)`` returns (model, tokenizer) on the device
+    to measure."""
+    configs = list(configs)
+    probe, _ = make_model("fp32")
+    device = next(probe.parameters()).device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    del probe
+    peak = peak_flops(name) if device.type == "cuda" else None
+    out = {"device": name, "peak_fp16_flops": peak, "tasks": {}}
+    for task in tasks:
+        def source_for(model, tokenizer, task=task):
+            return BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=next(model.parameters()).device)
+
+        def run(config: str, runs: int = 1) -> dict:
+            return measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, runs, graphs)
+
+        records = {}
+        for config in configs:
+            if config == "packed-max":
+                size, record, stops = largest_pack(lambda r: run("packed-max", r),
+                                                   8 if device.type == "cuda" else 1, max_pack)
+                if record is None:
+                    records[config] = {"config": config, "error": "no pack fit", "stops": stops}
+                    continue
+                record["stops"] = stops
+            elif config.startswith("packed-"):
+                record = run(config, int(config.removeprefix("packed-")))
+            elif config == "optimised" and graphs and device.type == "cuda":
+                try:
+                    record = run(config)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as err:          # a capture that fails: measured without graphs, and said so
+                    release_memory()
+                    record = measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, 1, False)
+                    record["graphs_error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            else:
+                record = run(config)
+            record["mfu"] = None if peak is None else record["flops_s"] / peak
+            records[config] = record
+            progress(f"{task} {config}: {record['run_steps_per_s']:.2f} run-steps/s"
+                     + ("" if record["mfu"] is None else f", MFU {100 * record['mfu']:.2f}%"))
+        out["tasks"][task] = {"configs": records, "ratios": engine_ratios(records)}
+    return out
+
+
+def engine_ratios(records: dict) -> dict:
+    """Each configuration's run-steps per second over eager's (both from ``records``, one run)."""
+    eager = records.get("eager", {}).get("run_steps_per_s")
+    if not eager:
+        return {}
+    return {f"{name}_over_eager": r["run_steps_per_s"] / eager for name, r in records.items()
+            if name != "eager" and "run_steps_per_s" in r}

