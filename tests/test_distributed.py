@@ -178,6 +178,7 @@ def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_
     (["--q", "2", "--E", "4", "--workers", "3"], "--workers 3 with q = 2"),
     (["--workers", "0"], "--workers must be a whole number at least 1, got 0"),
     (["--method", "mezo-lorafa", "--workers", "2"], "mezo-lorafa has one query a step"),
+    (["--engine", "fused", "--noise", "counter", "--workers", "2"], "engine 'fused' and --buckets are single-process"),
 ])
 def test_runs_that_cannot_be_data_parallel_are_refused(argv, message, tmp_path, capsys):
     assert main(["train", "--task", "sst2", *argv, "--out", str(tmp_path / "r.json")]) == 2

@@ -40,6 +40,9 @@ def check_data_parallel(config, workers: int) -> None:
         raise ValueError(f"--workers trains {' or '.join(DATA_PARALLEL)}, not {config.method}")
     if config.program is not None:
         raise ValueError("--workers trains eager P-RGE; a --program runs in the runtime host (prge device-train)")
+    if getattr(config, "engine", "layerwise") != "layerwise" or getattr(config, "buckets", None):
+        raise ValueError(f"--workers splits the layerwise P-RGE step over the workers; engine {config.engine!r} "
+                         f"and --buckets are single-process options (use --engine layerwise, no --buckets)")
     if config.q < workers and config.method == "mezo-lorafa":
         raise ValueError(f"--workers {workers}: mezo-lorafa has one query a step, which one worker forwards; use "
                          f"--method prge with q ≥ {workers}")
