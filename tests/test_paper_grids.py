@@ -169,3 +169,25 @@ def test_a_step_of_each_new_senszoq_row_runs_on_an_nf4_base(row, fixture_data, t
     # unquantized and quantizes what it does not train itself (prge_lib.models.quant, the same NF4)
     assert loaded == [0 if row.startswith("senszoq") else 2 * 7]
     assert result["trainable_parameters"] > 0
+
+
+def test_the_wikitext_curves_cell_writes_every_methods_losses_and_step_times(tiny_folder, tmp_path, capsys):
+    """The fig1 cell (chapter 9's Fig. 1) on the tiny model: one result file with each method's per-step losses
+    and seconds and its held-out evaluations, schema-checked, with the command that makes it again."""
+    steps = {"mebp": 2, "mezo": 3, "prge": 2}
+    cell, = rp.grid_cells("fig1", "cpu", model=str(tiny_folder), lm_steps=steps, n_held=2, seq_len=16)
+    assert cell.kind == "lm" and rp.grid_cells("fig1", "paper")[0].config()["lm_steps"] == \
+        {"mebp": 500, "mezo": 5000, "prge": 5000}
+    path = rp.run_cell(cell, tmp_path / "res", tmp_path / "ck", progress=False)
+    result = rp.read_result(path)
+    assert {m: len(run["losses"]) for m, run in result["runs"].items()} == steps
+    assert all(len(run["seconds"]) == steps[m] and run["evals"][-1][0] == steps[m]
+               for m, run in result["runs"].items())
+    assert rp.cell_matches(cell, result) == [] and result["provenance"]["command"].startswith(
+        "prge reproduce fig1 --profile cpu --only wikitext2/lm-curves_seed0")
+    # --list prices it from a committed cpu cell, or says it has none
+    assert "WikiText-2 curves priced from" in rp.list_cells([cell], tmp_path / "none", tmp_path / "ck")
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
+        rp.validate_result(dict(result, runs={}))              # a curves result with no run is refused

@@ -135,7 +135,7 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
     s = {"task": task, "seed": seed, "model": model}
     if row.method == "lm":          # the WikiText-2 curves: every method's steps in one cell
         s.update(row.settings, lm_steps=dict(LM_STEPS[profile]), eval_every=dict(LM_EVAL_EVERY[profile]))
-        s.update({k: v for k, v in overrides.items() if k == "device"})
+        s.update({k: v for k, v in overrides.items() if k in s or k == "device"})
         yield s
         return
     if row.method != "zeroshot":

@@ -53,14 +53,20 @@ def lm_curves(seq_len: int, steps: Mapping[str, int], eval_every: Mapping[str, i
     if unknown:
         raise ValueError(f"unknown methods {unknown} for the WikiText-2 curves; choose from {list(LM_METHODS)}")
     _, tokenizer = load_model(model)
-    windows = lm_batches(tokenizer, seq_len, 1)
+    configs = {name: TrainConfig("sst2", method=name, model=model, device=device, seed=seed).resolved()
+               for name in steps}
+    need = n_held + max(n * configs[name].batch_size for name, n in steps.items())
+    try:                    # the windows the runs read, or the whole text, which a long run reads again
+        windows = lm_batches(tokenizer, seq_len, 1, n_batches=need)
+    except ValueError:
+        windows = lm_batches(tokenizer, seq_len, 1)
     if len(windows) <= n_held:
         raise ValueError(f"the WikiText-2 text holds {len(windows)} windows of {seq_len} tokens: too few to hold "
                          f"out {n_held}")
     held_out, stream = _stack(windows[:n_held]), windows[n_held:]
     runs = {}
     for name, n_steps in steps.items():
-        config = TrainConfig("sst2", method=name, model=model, device=device, seed=seed).resolved()
+        config = configs[name]
         net, _ = load_model(model, device=device)      # MeBP quantizes its own base
         method = build_method(config, net, tokenizer)
         rows = config.batch_size
