@@ -135,10 +135,10 @@ def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
 def device_shares(device: str, results: Path = RESULTS) -> dict:
     """What training on ``device`` costs as a fraction of this CPU's price, from the solo (unpacked) training
     results made there: {"steps": {method: median of step / CPU step}, "any": that median over every method (None
-    without results), "eval": median of evaluation seconds / their CPU price (None without), "how": where the
-    figures come from}. On "cpu" every share is 1."""
+    without results), "eval": median of evaluation seconds / their CPU price (None without), "count": results
+    read, "how": where the figures come from}. On "cpu" every share is 1."""
     if device == "cpu":
-        return {"steps": {}, "any": 1.0, "eval": 1.0, "how": "this CPU's measured steps"}
+        return {"steps": {}, "any": 1.0, "eval": 1.0, "count": 0, "how": "this CPU's measured steps"}
     steps, evals = {}, []
     for path in sorted(Path(results).rglob("*.json")):
         try:
@@ -152,13 +152,14 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
         except (OSError, ValueError, KeyError, TypeError):     # not a training result: not a measure
             continue
     if not steps:
-        return {"steps": {}, "any": None, "eval": None, "how": DEVICE_ASSUMPTION}
+        return {"steps": {}, "any": None, "eval": None, "count": 0, "how": DEVICE_ASSUMPTION}
     every = [share for shares in steps.values() for share in shares]
     by_method = {method: statistics.median(shares) for method, shares in steps.items()}
     how = (f"{len(every)} solo training results on {device} ({', '.join(sorted(by_method))}): a step costs "
            + ", ".join(f"{by_method[m]:.2g}" for m in sorted(by_method)) + " of its CPU step, other methods the "
            f"median {statistics.median(every):.2g}; an evaluation {statistics.median(evals):.2g} of its CPU time")
-    return {"steps": by_method, "any": statistics.median(every), "eval": statistics.median(evals), "how": how}
+    return {"steps": by_method, "any": statistics.median(every), "eval": statistics.median(evals),
+            "count": len(every), "how": how}
 
 
 def device_step_share(shares: dict, method: str) -> float:

@@ -36,7 +36,7 @@ from prge_lib.experiments.results import (ResultFileError, cell_matches, check_f
 from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, run_cell, run_grid, run_pack
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, sweep_edges)
-from prge_lib.experiments.status import cell_status, list_cells
+from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, load_results, runs_of,
                                             spread_separates, summarize, summary_markdown, table_of,
                                             training_seconds, write_summary)
@@ -55,7 +55,7 @@ __all__ = [
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_result", "result_differs",
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
-    "cell_status", "list_cells",
+    "cell_status", "list_cells", "price_cells",
     "PAUSE_FACTOR", "device_of", "format_score", "load_results", "runs_of", "spread_separates", "summarize",
     "summary_markdown", "table_of", "training_seconds", "write_summary",
 ]

@@ -42,28 +42,39 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     return {"state": state, "step": step, "steps": steps}
 
 
-def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1,
-               totals_only: bool = False) -> str:
-    """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
-    :func:`cell_status`) and its time left, then the totals and what the prices rest on (``totals_only``: those
-    lines alone). A cell on another device is priced by :func:`~prge_lib.experiments.estimates.device_shares`. With ``pack`` > 1 the cells the runner would train in packs
-    (:func:`~prge_lib.experiments.packs.plan_packs` of the partial and missing cells) are priced by their share
-    of the pack's step (:func:`~prge_lib.experiments.estimates.pack_step_share`) and marked "packed ×R"."""
+def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> dict:
+    """What ``--list`` shows, as data: {"states": each cell's :func:`cell_status`, "seconds": each cell's time left,
+    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: (share, how)} of the packed cells,
+    "elsewhere": {device: :func:`~prge_lib.experiments.estimates.device_shares`} for the devices other than the
+    CPU}. With ``pack`` > 1 the cells the runner would train in packs (:func:`~prge_lib.experiments.packs.
+    plan_packs` of the partial and missing cells) are priced by their share of the pack's step
+    (:func:`~prge_lib.experiments.estimates.pack_step_share`); a cell on another device by its device's results."""
     states = [cell_status(cell, results, checkpoints) for cell in cells]
     todo = [cell for cell, st in zip(cells, states) if st["state"] in ("partial", "missing")]
     units = [unit for unit in plan_packs(todo, pack) if len(unit) > 1]
     packed = {cell.name: (len(unit), k) for k, unit in enumerate(units, 1) for cell in unit}
     devices = dict.fromkeys(device_kind(cell.config()) for cell in todo if cell.name in packed)
-    shares = {device: pack_step_share(device, results) for device in devices}
+    pack_shares = {device: pack_step_share(device, results) for device in devices}
     elsewhere = {device: device_shares(device, results)
                  for device in dict.fromkeys(device_kind(cell.config()) for cell in cells) if device != "cpu"}
-    lines, left, done = [], 0.0, 0
+    seconds = []
     for cell, st in zip(cells, states):
-        done += st["state"] == "done"
-        share, eval_share = _shares(cell, packed, shares, elsewhere)
-        seconds = estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share) \
-            if st["state"] in ("partial", "missing", "running") else 0.0
-        left += seconds
+        share, eval_share = _shares(cell, packed, pack_shares, elsewhere)
+        seconds.append(estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share)
+                       if st["state"] in ("partial", "missing", "running") else 0.0)
+    return {"states": states, "seconds": seconds, "packed": packed, "pack_shares": pack_shares,
+            "elsewhere": elsewhere}
+
+
+def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1,
+               totals_only: bool = False) -> str:
+    """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
+    :func:`cell_status`) and its time left (:func:`price_cells`; a cell priced as packed is marked "packed ×R (pack
+    k)"), then the totals and what the prices rest on (``totals_only``: those lines alone)."""
+    priced = price_cells(cells, results, checkpoints, pack)
+    packed, elsewhere = priced["packed"], priced["elsewhere"]
+    lines = []
+    for cell, st, seconds in zip(cells, priced["states"], priced["seconds"]):
         state = f"{st['state']} {st['step']}/{st['steps']}" if st["state"] in ("partial", "running") and st["steps"] \
             else st["state"]
         line = f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}"
@@ -76,9 +87,10 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
         basis = f"cells on {', '.join(elsewhere)} one after another"
     if totals_only:
         lines = []
-    lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left ({basis})")
-    for device, (_, how) in shares.items():
-        count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in todo)
+    done = sum(st["state"] == "done" for st in priced["states"])
+    lines.append(f"{done}/{len(cells)} done; about {_hours(sum(priced['seconds']))} left ({basis})")
+    for device, (_, how) in priced["pack_shares"].items():
+        count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in cells)
         lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")
     for device, measured in elsewhere.items():
         lines.append(f"cells on {device} priced from {measured['how']}")
