@@ -58,7 +58,8 @@ def run_reproduce(args) -> int:
     if args.list or args.dry_run:
         print(rp.list_cells(cells, pack=pack, **roots))
         if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
-            print(f"then --stage confirm, which waits for this sweep: {_confirm_totals(rp, args, pack, roots, overrides)}")
+            totals = _confirm_totals(rp, args, pack, roots, overrides)
+            print(f"then --stage confirm, which waits for this sweep: {totals}")
             for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, roots["results"])[0]):
                 print(f"not bracketed: {edge}")
         if args.dry_run:

@@ -74,15 +74,17 @@ TABLE1_ROWS = (
         _ZO_LORAFA_TASK_SEEDS),
 )
 TABLE2_LITE_ROWS = (ZERO_SHOT,) + tuple(
-    dataclasses.replace(r, seeds=_SEEDS_1, task_seeds={}) for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
+    dataclasses.replace(r, seeds=_SEEDS_1, task_seeds={})
+    for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
 # The cpu profile runs LoRA-FA at Table 1's ZO learning rate and gives a space a second one where that rate is
 # wrong for it: MeZO on LoRA diverged at 1e-3 (loss 7.9 -> 21 by step 400; its A is perturbed and trained too, so
 # B A grows from both sides), DoRA trains A the same way, and VeRA's coordinates move the loss far less per unit
 # of step (chapter 4). The learning rate is then chosen on validation, as everywhere.
 _PEFT_CPU_LRS = {"lora": (1e-4, 1e-3), "lora-fa": (1e-3,), "dora": (1e-4, 1e-3), "vera": (1e-3, 1e-2)}
 # The paper profile searches App. B's grid {5e-6, 5e-5, 5e-4, 5e-3} in every space, and VeRA further up: at 1e-3
-# and 1e-2 it stayed at chance on the cpu profile, and its scaling vectors move the loss far less per unit of
-# step than a LoRA matrix does (chapter 4), so its grid goes on by half decades to 1, where it trains or diverges
+# and 1e-2 it stayed at the zero-shot score on the cpu profile, and its scaling vectors move the loss far less per
+# unit of step than a LoRA matrix does (chapter 4), so its grid goes on by half decades to 1, where it trains or
+# diverges
 _PEFT_PAPER_LRS = {"lora": (5e-6, 5e-5, 5e-4, 5e-3), "lora-fa": (5e-6, 5e-5, 5e-4, 5e-3),
                    "dora": (5e-6, 5e-5, 5e-4, 5e-3), "vera": (5e-4, 5e-3, 1e-2, 5e-2, 1e-1, 5e-1, 1.0)}
 PEFT_ROWS = tuple(
@@ -118,8 +120,8 @@ ALTERNATIVE_ROWS = tuple(
 ) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
          _SEEDS_3),)
 # Guo et al. Fig. 6a as a fair test, in two stages. Their Table 9 tunes each mask's rate on its own (RTE, 0.1%,
-# Llama2-7B: C4 1e-6, random 5e-4, largest 2e-4, smallest 1e-4): a mask that picks weights blind to the loss needs
-# steps 100-1000x the C4 mask's. The sweep stage runs one seed over a grid per mask wide enough to bracket its
+# Llama2-7B: paper.SENSZOQ_TABLE9_RTE): a mask that picks weights blind to the loss needed steps 100-500x the C4
+# mask's there. The sweep stage runs one seed over a grid per mask wide enough to bracket its
 # best rate on this model (C4 at 0.1% trained at 1e-4 on the cpu profile: the sensitive masks from 1e-6 to 1e-3,
 # the blind ones from 1e-4 to 1e-1); the confirm stage (CONFIRM_SEEDS) runs each row at the rate the sweep chose
 # on validation. ZO's noise grows with the number of coordinates it perturbs (chapter 2), so the C4 mask's grid

@@ -26,9 +26,9 @@ from prge_lib.experiments.estimates import (ADAPTER_SECONDS_PER_STEP, BENCH_LOAD
                                             DEVICE_ASSUMPTION, EVAL_SECONDS, PACK_ASSUMPTION, SECONDS_PER_STEP,
                                             device_shares, estimate_seconds, evaluation_factor, pack_step_share,
                                             prompt_length_factor, step_seconds)
-from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, PEFT_ROWS,
-                                        PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS, TABLE2_LITE_ROWS,
-                                        ZERO_SHOT, Row, lr_text)
+from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, LM_STEPS,
+                                        PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
+                                        TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
@@ -47,7 +47,7 @@ __all__ = [
     "ADAPTER_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS", "SECONDS_PER_STEP",
     "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "device_shares", "estimate_seconds", "evaluation_factor",
     "pack_step_share", "prompt_length_factor", "step_seconds",
-    "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "PEFT_ROWS", "PROFILES", "SENSZOQ_ROWS",
+    "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES", "SENSZOQ_ROWS",
     "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
     "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "stage_cells", "sweep_edges",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
