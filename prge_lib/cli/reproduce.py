@@ -99,8 +99,8 @@ def reproduce_options(rp) -> None:
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
     rp.add_argument("--stage", default="sweep", choices=STAGES,
                     help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
-                    "the confirm seeds at each row's best sweep rate, once the sweep has all its results "
-                    "(default sweep: the cells of any other grid)")
+                    "the confirm seeds at each row's best sweep rate, refused for a row until its sweep has all its "
+                    "results (default sweep: the cells of any other grid)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match)")
     rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
