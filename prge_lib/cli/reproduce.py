@@ -38,18 +38,32 @@ def run_reproduce(args) -> int:
                              f"{benchmarks} only; the {args.grid!r} cells keep their own")
         overrides["dtype"] = args.dtype
     if args.device != "cpu":
-        from prge_lib.models.loading import check_device
-        check_device(args.device)      # before any cell starts, naming what this torch can use
+        if not (args.list or args.dry_run):     # pricing a GPU sitting ahead of it needs no GPU here
+            from prge_lib.models.loading import check_device
+            check_device(args.device)  # before any cell starts, naming what this torch can use
         overrides["device"] = args.device
     # --pack's default: DEFAULT_GPU_PACK on a GPU with the local backend, else 1 (no packs, as before --pack)
     pack = rp.check_pack_size(args.pack) if args.pack is not None else \
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
-    cells = rp.grid_cells(args.grid, args.profile, seeds, args.only, args.model, **overrides)
+    rp.check_stage(args.grid, args.stage)
+    try:
+        cells = rp.stage_cells(args.grid, args.profile, args.stage, seeds, args.only, args.model,
+                               results=roots["results"], **overrides)
+    except rp.SweepNotDone as waiting:
+        if not (args.list or args.dry_run):
+            raise
+        print(f"{waiting}\n{_confirm_totals(rp, args, pack, roots, overrides)}")
+        return 0
     if not cells:
         raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
                          f"prge reproduce {args.grid} --list shows the names")
     if args.list or args.dry_run:
         print(rp.list_cells(cells, pack=pack, **roots))
+        if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
+            totals = _confirm_totals(rp, args, pack, roots, overrides)
+            print(f"then --stage confirm, which waits for this sweep: {totals}")
+            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, roots["results"])[0]):
+                print(f"not bracketed: {edge}")
         if args.dry_run:
             for cell in cells:
                 if not cell.result_path(roots["results"]).is_file():
@@ -71,12 +85,24 @@ def run_reproduce(args) -> int:
     return 0
 
 
+def _confirm_totals(rp, args, pack: int, roots: dict, overrides: dict) -> str:
+    """The confirm stage's cells and time, priced before the sweep chooses their rates (a cell's time does not
+    depend on its rate)."""
+    cells = rp.confirm_estimate_cells(args.grid, args.profile, args.model, **overrides)
+    return (f"{len(cells)} cells beyond the sweep's own (each row's confirm seeds at its best rate); "
+            + rp.list_cells(cells, pack=pack, totals_only=True, **roots))
+
+
 def reproduce_options(rp) -> None:
-    from prge_lib.experiments.reproduce import BACKENDS, GRIDS, PROFILES
+    from prge_lib.experiments.reproduce import BACKENDS, GRIDS, PROFILES, STAGES
 
     rp.add_argument("grid", choices=list(GRIDS), help="the table to reproduce")
     rp.add_argument("--profile", default="cpu", choices=PROFILES,
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
+    rp.add_argument("--stage", default="sweep", choices=STAGES,
+                    help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
+                    "the confirm seeds at each row's best sweep rate, refused for a row until its sweep has all its "
+                    "results (default sweep: the cells of any other grid)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match)")
     rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")

@@ -14,7 +14,8 @@ from typing import Iterable
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.settings import cache_dir
-from prge_lib.experiments.grids import EVAL_EVERY, GRIDS, PROFILES, STEPS, Row, _family, lr_text
+from prge_lib.experiments.grids import (EVAL_EVERY, GRIDS, LM_EVAL_EVERY, LM_STEPS, PROFILES, STEPS, Row, _family,
+                                        lr_text)
 
 
 def checkpoint_root(root: Path | str | None = None) -> Path:
@@ -34,6 +35,7 @@ class Cell:
     lr: float | None
     seed: int
     settings: tuple          # sorted (name, value) pairs
+    stage: str = "sweep"     # a two-stage grid's stage (prge_lib.experiments.stages); "sweep" for every other grid
 
     @property
     def name(self) -> str:
@@ -43,7 +45,7 @@ class Cell:
 
     @property
     def kind(self) -> str:
-        return self.row.method if self.row.method in ("zeroshot", "bench") else "train"
+        return self.row.method if self.row.method in ("zeroshot", "bench", "lm") else "train"
 
     def config(self) -> dict:
         return dict(self.settings)
@@ -61,7 +63,7 @@ class Cell:
         """The command that runs this cell alone (recorded as the result's provenance): every setting in which
         the cell differs from its grid's default, so that the command makes this very cell again."""
         c, options = self.config(), ""
-        if self.seed not in self.row.seeds.get(self.profile, ()):
+        if self.seed not in self._own_seeds():
             options += f" --seeds {self.seed}"
         if self.kind == "train" and c["steps"] != STEPS[self.profile][_family(self.row.method)]:
             options += f" --steps {c['steps']}"
@@ -71,7 +73,15 @@ class Cell:
             options += f" --device {c['device']}"
         if c.get("dtype", "fp32") != "fp32" and self.kind == "bench":
             options += f" --dtype {c['dtype']}"
+        if self.stage != "sweep":
+            options += f" --stage {self.stage}"
         return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
+
+    def _own_seeds(self) -> tuple:
+        """The seeds the cell's grid gives its row and task in its stage (a cell of another seed needs --seeds)."""
+        if self.stage == "confirm":
+            return tuple(GRIDS[self.grid]["confirm_seeds"][self.profile])
+        return self.row.seeds_for(self.profile, self.task) if self.profile in self.row.seeds else ()
 
 
 def grid_folder(grid: str, profile: str = "cpu") -> str:
@@ -93,13 +103,25 @@ def grid_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = No
     cells = []
     for task in spec["tasks"]:
         for row in spec["rows"]:
-            for lr in row.lrs.get(profile, (None,)):
-                for seed in (row.seeds[profile] if seeds is None else tuple(seeds)):
-                    for settings in _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
-                        cells.append(Cell(grid, profile, task, row, lr, seed, tuple(sorted(settings.items()))))
+            cells += row_cells(grid, profile, task, row, row.lrs.get(profile, (None,)),
+                               row.seeds_for(profile, task) if seeds is None else tuple(seeds), model, **overrides)
+    return select(cells, only)
+
+
+def row_cells(grid: str, profile: str, task: str, row: Row, lrs: Iterable[float | None], seeds: Iterable[int],
+              model: str | None = None, stage: str = "sweep", **overrides) -> list[Cell]:
+    """The cells of one row of ``grid`` on ``task``: one per learning rate in ``lrs`` and seed in ``seeds``."""
+    spec = GRIDS[grid]
+    return [Cell(grid, profile, task, row, lr, seed, tuple(sorted(settings.items())), stage)
+            for lr in lrs for seed in seeds
+            for settings in _cell_settings(spec, row, profile, task, lr, seed, model, overrides)]
+
+
+def select(cells: list[Cell], only: str | None) -> list[Cell]:
+    """The cells whose name contains ``only`` (several comma-separated filters all apply; a whole cell name
+    selects that cell alone: "…_seed1" is also inside "…_seed10")."""
     if only:
         for part in map(str.strip, only.split(",")):
-            # a whole cell name selects that cell alone ("…_seed1" is also inside "…_seed10")
             exact = [c for c in cells if c.name == part]
             cells = exact or [c for c in cells if part in c.name]
     return cells
@@ -115,6 +137,11 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
             yield s
         return
     s = {"task": task, "seed": seed, "model": model}
+    if row.method == "lm":          # the WikiText-2 curves: every method's steps in one cell
+        s.update(row.settings, lm_steps=dict(LM_STEPS[profile]), eval_every=dict(LM_EVAL_EVERY[profile]))
+        s.update({k: v for k, v in overrides.items() if k in s or k == "device"})
+        yield s
+        return
     if row.method != "zeroshot":
         fam = _family(row.method)
         s.update(method=row.method, lr=lr, steps=STEPS[profile][fam], eval_every=EVAL_EVERY[profile][fam],

@@ -15,7 +15,7 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import configurations
-from prge_lib.experiments.cells import Cell
+from prge_lib.experiments.cells import Cell, grid_cells
 from prge_lib.methods import registry
 
 # Seconds per training step of each method on SST-2 at its Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples),
@@ -39,6 +39,11 @@ BENCH_LOAD_SECONDS = 4.0
 # one step of the pack costs. Measured where a packed result of that device exists (:func:`pack_step_share`);
 # otherwise this assumption, which claims no gain:
 PACK_ASSUMPTION = "no measured pack on this device: a pack of R priced as R solo steps"
+# A cell on another device (``--device cuda``) costs its CPU price times what that device's training results
+# measured: its steps by the median ratio of their step to the CPU step of the same method and task
+# (:func:`device_shares`; a method with no result there takes the median over the methods that have one), its
+# evaluations likewise. Without any result from the device, this assumption, which claims no gain:
+DEVICE_ASSUMPTION = "no training result from this device: its steps and evaluations priced as this CPU's"
 
 
 def _batch_examples(config: dict) -> int:
@@ -127,13 +132,76 @@ def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
                    f"{share:.2g} of its solo step")
 
 
-def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0) -> float:
+def device_shares(device: str, results: Path = RESULTS) -> dict:
+    """What training on ``device`` costs as a fraction of this CPU's price, from the solo (unpacked) training
+    results made there: {"steps": {method: median of step / CPU step}, "any": that median over every method (None
+    without results), "eval": median of evaluation seconds / their CPU price (None without), "count": results
+    read, "how": where the figures come from}. On "cpu" every share is 1."""
+    if device == "cpu":
+        return {"steps": {}, "any": 1.0, "eval": 1.0, "count": 0, "how": "this CPU's measured steps"}
+    steps, evals = {}, []
+    for path in sorted(Path(results).rglob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+            config, step = result["config"], result["step_time_s"]["median"]
+            if device_kind(config) != device or result.get("packed") or not step:
+                continue
+            steps.setdefault(config["method"], []).append(step / step_seconds(result["task"], config))
+            price = len(result["evals"]) * EVAL_SECONDS * evaluation_factor(result["task"])
+            evals.append(result["elapsed_s"]["eval_s"] / price)
+        except (OSError, ValueError, KeyError, TypeError):     # not a training result: not a measure
+            continue
+    if not steps:
+        return {"steps": {}, "any": None, "eval": None, "count": 0, "how": DEVICE_ASSUMPTION}
+    every = [share for shares in steps.values() for share in shares]
+    by_method = {method: statistics.median(shares) for method, shares in steps.items()}
+    how = (f"{len(every)} solo training results on {device} ({', '.join(sorted(by_method))}): a step costs "
+           + ", ".join(f"{by_method[m]:.2g}" for m in sorted(by_method)) + " of its CPU step, other methods the "
+           f"median {statistics.median(every):.2g}; an evaluation {statistics.median(evals):.2g} of its CPU time")
+    return {"steps": by_method, "any": statistics.median(every), "eval": statistics.median(evals),
+            "count": len(every), "how": how}
+
+
+def device_step_share(shares: dict, method: str) -> float:
+    """A method's step share from :func:`device_shares` (its own where measured, else the median over methods,
+    else 1: :data:`DEVICE_ASSUMPTION`)."""
+    return shares["steps"].get(method, shares["any"] if shares["any"] is not None else 1.0)
+
+
+# The WikiText-2 curves (grid fig1): each method's median step and evaluation in the committed cpu cell, a step
+# scaled linearly by the window length; without that file, this assumption:
+LM_ASSUMPTION = ("no committed WikiText-2 cell: a step priced as its method's SST-2 step (SECONDS_PER_STEP), an "
+                 "evaluation at 2 s")
+
+
+def lm_seconds(seq_len: int, results: Path = RESULTS) -> tuple[dict, float, str]:
+    """({method: seconds per step at ``seq_len``}, seconds per evaluation, where they come from) for the
+    WikiText-2 curves, on this CPU."""
+    measured = next(iter(grid_cells("fig1", "cpu")), None)
+    path = None if measured is None else measured.result_path(results)
+    try:
+        result = json.loads(path.read_text())
+        runs, length = result["runs"], result["config"]["seq_len"]
+        steps = {m: statistics.median(run["seconds"]) * seq_len / length for m, run in runs.items()}
+        evaluation = statistics.median(run["eval_s"] / len(run["evals"]) for run in runs.values())
+        return steps, evaluation, f"the committed cpu cell's median steps ({Path(path).name})"
+    except (OSError, AttributeError, ValueError, KeyError, TypeError, statistics.StatisticsError):
+        return {m: SECONDS_PER_STEP[m] for m in ("mebp", "mezo", "prge")}, 2.0, LM_ASSUMPTION
+
+
+def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0, eval_share: float = 1.0) -> float:
     """Rough time of the rest of ``cell`` on a 2-core CPU (what --list prints): a training cell at 1 torch
     thread beside one other cell, a benchmark cell alone on the idle machine. ``step_share``: what the cell's
-    steps cost as a fraction of its solo steps (a cell in a pack: :func:`pack_step_share`; its evaluations
-    run alone)."""
+    steps cost as a fraction of its solo CPU steps (a cell in a pack: :func:`pack_step_share`; on another device:
+    :func:`device_shares`); ``eval_share``: the same for its evaluations."""
     if cell.kind == "zeroshot":
-        return EVAL_SECONDS * evaluation_factor(cell.task)
+        return EVAL_SECONDS * evaluation_factor(cell.task) * eval_share
+    if cell.kind == "lm":
+        c = cell.config()
+        steps, evaluation, _ = lm_seconds(c["seq_len"])
+        evals = sum(n // c["eval_every"][m] + 2 for m, n in c["lm_steps"].items())
+        return sum(n * steps.get(m, SECONDS_PER_STEP[m]) for m, n in c["lm_steps"].items()) * step_share + \
+            evals * evaluation * eval_share
     if cell.kind == "bench":
         c = cell.config()
         configs = len(configurations(c["methods"], c["qs"]))
@@ -143,4 +211,4 @@ def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0) 
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
     step = step_seconds(cell.task, c) * step_share
-    return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task)
+    return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task) * eval_share

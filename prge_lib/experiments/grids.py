@@ -1,10 +1,11 @@
 """The grids of chapter 7: each paper table as a named list of rows (a method with fixed settings, and per profile
 its learning rates and seeds) over a list of tasks, with the step counts and evaluation intervals of each profile.
 
-Profiles: ``paper`` is App. C (20k ZO steps, 1k FO steps, the full learning-rate grids, 3 seeds); ``cpu`` fits
-a 2-core CPU (1000 ZO steps, 500 FO steps, one learning rate per row; 3 seeds for the ZO LoRA-FA rows of
-Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states both; chapters 8 and 9 run the
-``alternatives`` grid.
+Profiles: ``paper`` is App. C (20k ZO steps, 1k FO steps, the full learning-rate grids, 3 seeds, 5 on SST-2 and
+RTE for Table 1's ZO LoRA-FA rows); ``cpu`` fits a 2-core CPU (1000 ZO steps, 500 FO steps, one learning rate per
+row; 3 seeds for the ZO LoRA-FA rows of Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states
+both; chapters 8 and 9 run the ``alternatives`` grid. The ``senszoq`` grid (chapter 8) runs in two stages, a
+learning-rate sweep and a confirmation at each row's best rate (:mod:`prge_lib.experiments.stages`).
 """
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ class Row:
     settings: dict = field(default_factory=dict)   # fixed TrainConfig fields (q, E, adapter, …)
     lrs: dict = field(default_factory=dict)        # profile -> learning rates searched
     seeds: dict = field(default_factory=dict)      # profile -> seeds
+    task_seeds: dict = field(default_factory=dict)  # profile -> {task: seeds}, where a task runs other seeds
 
     def __hash__(self):
         return hash(self.key)
+
+    def seeds_for(self, profile: str, task: str) -> tuple:
+        """The seeds this row runs on ``task`` under ``profile``: the task's own where it has some, else the
+        profile's."""
+        return tuple(self.task_seeds.get(profile, {}).get(task, self.seeds[profile]))
 
 
 def lr_text(lr: float) -> str:
@@ -46,29 +53,43 @@ STEPS = {"paper": {"zo": 20000, "fo": 1000}, "cpu": {"zo": 1000, "fo": 500}}
 EVAL_EVERY = {"paper": {"zo": 500, "fo": 100}, "cpu": {"zo": 100, "fo": 100}}
 
 ZERO_SHOT = Row("zeroshot", "Zero-shot", "zeroshot", seeds=_SEEDS_1)
+# The paper profile's ZO LoRA-FA rows, where the claim of Table 1 lives, run five seeds on SST-2 and RTE (the
+# columns chapter 7 discusses, where three seeds left the rows' spreads overlapping) and three elsewhere
+_ZO_LORAFA_TASK_SEEDS = {"paper": {"sst2": (0, 1, 2, 3, 4), "rte": (0, 1, 2, 3, 4)}}
+# MeZO (Full): App. C's grid {1e-7, 5e-7, 1e-6}, then larger rates, so that on this model one of them trains or
+# the grid shows that none does (at 1000 steps on the cpu profile 1e-6 stayed at the zero-shot score)
+_MEZO_FULL_LRS = {"paper": (1e-7, 5e-7, 1e-6, 5e-6, 1e-5, 5e-5), "cpu": (1e-6,)}
 TABLE1_ROWS = (
     ZERO_SHOT,
     Row("fo", "FO-Adam (Full)", "fo", {"batch_size": 8},
         {"paper": (1e-5, 5e-5, 8e-5), "cpu": (1e-5,)}, _SEEDS_1),
     Row("fo-lorafa", "FO-Adam (LoRA-FA)", "fo-lorafa", {"batch_size": 8},
         {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)}, _SEEDS_1),
-    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3},
-        {"paper": (1e-7, 5e-7, 1e-6), "cpu": (1e-6,)}, _SEEDS_1),
+    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3}, _MEZO_FULL_LRS, _SEEDS_1),
     Row("mezo-lorafa-E16", "MeZO (LoRA-FA)", "mezo-lorafa", {"q": 1, "E": 16, "eps": 1e-2},
-        _ZO_LORAFA_LRS, _SEEDS_3),
-    Row("prge-q4-E16", "P-RGE (q = 4)", "prge", {"q": 4, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
-    Row("prge-q16-E16", "P-RGE (q = 16)", "prge", {"q": 16, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3),
+        _ZO_LORAFA_LRS, _SEEDS_3, _ZO_LORAFA_TASK_SEEDS),
+    Row("prge-q4-E16", "P-RGE (q = 4)", "prge", {"q": 4, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3,
+        _ZO_LORAFA_TASK_SEEDS),
+    Row("prge-q16-E16", "P-RGE (q = 16)", "prge", {"q": 16, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3,
+        _ZO_LORAFA_TASK_SEEDS),
 )
 TABLE2_LITE_ROWS = (ZERO_SHOT,) + tuple(
-    dataclasses.replace(r, seeds=_SEEDS_1) for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
+    dataclasses.replace(r, seeds=_SEEDS_1, task_seeds={})
+    for r in TABLE1_ROWS if r.method in ("mezo-lorafa", "prge"))
 # The cpu profile runs LoRA-FA at Table 1's ZO learning rate and gives a space a second one where that rate is
 # wrong for it: MeZO on LoRA diverged at 1e-3 (loss 7.9 -> 21 by step 400; its A is perturbed and trained too, so
 # B A grows from both sides), DoRA trains A the same way, and VeRA's coordinates move the loss far less per unit
 # of step (chapter 4). The learning rate is then chosen on validation, as everywhere.
 _PEFT_CPU_LRS = {"lora": (1e-4, 1e-3), "lora-fa": (1e-3,), "dora": (1e-4, 1e-3), "vera": (1e-3, 1e-2)}
+# The paper profile searches App. B's grid {5e-6, 5e-5, 5e-4, 5e-3} in every space, and VeRA further up: at 1e-3
+# and 1e-2 it stayed at the zero-shot score on the cpu profile, and its scaling vectors move the loss far less per
+# unit of step than a LoRA matrix does (chapter 4), so its grid goes on by half decades to 1, where it trains or
+# diverges
+_PEFT_PAPER_LRS = {"lora": (5e-6, 5e-5, 5e-4, 5e-3), "lora-fa": (5e-6, 5e-5, 5e-4, 5e-3),
+                   "dora": (5e-6, 5e-5, 5e-4, 5e-3), "vera": (5e-4, 5e-3, 1e-2, 5e-2, 1e-1, 5e-1, 1.0)}
 PEFT_ROWS = tuple(
     Row(f"mezo-{a}", label, "mezo", {"adapter": a, "q": 1, "E": 16, "eps": 1e-2},
-        {"paper": (5e-6, 5e-5, 5e-4, 5e-3), "cpu": _PEFT_CPU_LRS[a]}, _SEEDS_1)
+        {"paper": _PEFT_PAPER_LRS[a], "cpu": _PEFT_CPU_LRS[a]}, _SEEDS_1)
     for a, label in (("lora", "LoRA"), ("lora-fa", "LoRA-FA"), ("dora", "DoRA"), ("vera", "VeRA")))
 # step time and peak memory: one benchmark per (sequence length, quantization), on synthetic batches
 _BENCH_METHODS = ("mezo", "mezo-lorafa", "prge-outer", "prge-inner", "prge")
@@ -98,6 +119,43 @@ ALTERNATIVE_ROWS = tuple(
                            ("c4", 1e-2), ("c4", 1e-4))
 ) + (Row("mebp", "MeBP (LoRA, NF4 base)", "mebp", {"batch_size": 8}, {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)},
          _SEEDS_3),)
+# Guo et al. Fig. 6a as a fair test, in two stages. Their Table 9 tunes each mask's rate on its own (RTE, 0.1%,
+# Llama2-7B: paper.SENSZOQ_TABLE9_RTE): a mask that picks weights blind to the loss needed steps 100-500x the C4
+# mask's there. The sweep stage runs one seed over a grid per mask wide enough to bracket its
+# best rate on this model (C4 at 0.1% trained at 1e-4 on the cpu profile: the sensitive masks from 1e-6 to 1e-3,
+# the blind ones from 1e-4 to 1e-1); the confirm stage (CONFIRM_SEEDS) runs each row at the rate the sweep chose
+# on validation. ZO's noise grows with the number of coordinates it perturbs (chapter 2), so the C4 mask's grid
+# reaches lower at 1% and higher at 0.01%. The like-for-like baselines of their Table 1 on the same NF4 base
+# (bitsandbytes' 4-bit blocks of 64, the quantizer of prge_lib.models.quant): ZO-SGD on LoRA (r 8, alpha 16, every
+# linear layer, eps 1e-3: their App. G) and P-RGE (q 4, E 16) on LoRA-FA.
+_SENSITIVE_LRS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+_BLIND_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+_MASK_SWEEP = {("c4", 1e-3): _SENSITIVE_LRS, ("task", 1e-3): _SENSITIVE_LRS, ("random", 1e-3): _BLIND_LRS,
+               ("largest", 1e-3): _BLIND_LRS, ("smallest", 1e-3): _BLIND_LRS,
+               ("c4", 1e-2): (1e-7, 3e-7) + _SENSITIVE_LRS, ("c4", 1e-4): _SENSITIVE_LRS + (3e-3, 1e-2)}
+_SWEEP_SEEDS = {"paper": (0,), "cpu": (0,)}
+CONFIRM_SEEDS = {"paper": (0, 1, 2), "cpu": (0, 1, 2)}
+SENSZOQ_ROWS = tuple(
+    Row(f"senszoq-{mask}-s{lr_text(sparsity)}", f"SensZOQ ({mask} mask, {100 * sparsity:g}%)", "senszoq",
+        {"mask": mask, "sparsity": sparsity, "mask_scope": "layer", "q": 1, "E": 16, "eps": 1e-3},
+        # the cpu profile: every other rate of the paper's grid (a 1000-step preview, not run here)
+        {"paper": lrs, "cpu": lrs[::2]}, _SWEEP_SEEDS)
+    for (mask, sparsity), lrs in _MASK_SWEEP.items()
+) + (
+    Row("mezo-lora-r8-nf4", "ZO-SGD (LoRA r 8, NF4 base)", "mezo",
+        {"adapter": "lora", "r": 8, "alpha": 16, "quant": "nf4", "q": 1, "E": 16, "eps": 1e-3},
+        {"paper": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3), "cpu": (1e-5, 1e-4, 1e-3)}, _SWEEP_SEEDS),
+    Row("prge-q4-E16-nf4", "P-RGE (q = 4, NF4 base)", "prge", {"quant": "nf4", "q": 4, "E": 16, "eps": 1e-2},
+        {"paper": (5e-5, 1e-4, 5e-4, 1e-3, 3e-3), "cpu": (1e-4, 1e-3)}, _SWEEP_SEEDS),
+)
+# Song and Tang Fig. 1 (MeBP, seed 004; chapter 9): ZO against MeBP on WikiText-2 language modelling, per step
+# and per second, one cell training every method on one stream of windows (prge_lib.experiments.bench.lm_curves).
+# The paper trains MeBP 1000 steps and ZO 100,000; the paper profile MeBP 500 and ZO 5000 (a GPU sitting), the cpu
+# profile the 60 steps of each that chapter 9 runs live.
+LM_STEPS = {"paper": {"mebp": 500, "mezo": 5000, "prge": 5000}, "cpu": {"mebp": 60, "mezo": 60, "prge": 60}}
+LM_EVAL_EVERY = {"paper": {"mebp": 25, "mezo": 250, "prge": 250}, "cpu": {"mebp": 15, "mezo": 15, "prge": 15}}
+LM_ROWS = (Row("lm-curves", "ZO against MeBP on WikiText-2", "lm", {"seq_len": 64, "n_held": 16},
+               seeds={"paper": (0,), "cpu": (0,)}),)
 GRIDS = {
     "table1": {"tasks": TABLE1_TASKS, "rows": TABLE1_ROWS,
                "source": "Gao et al. Table 1 (TinyLlama-1.1B)"},
@@ -110,7 +168,14 @@ GRIDS = {
                      "source": "Guo et al. Fig. 6a (SensZOQ); Table 1's protocol for MeBP"},
     "memory": {"tasks": ("synthetic",), "rows": BENCH_ROWS["memory"], "seq_lens": (64, 128, 256),
                "source": "Gao et al. Fig. 7; ACL version Table 3"},
+    "fig1": {"tasks": ("wikitext2",), "rows": LM_ROWS, "source": "Song and Tang Fig. 1 (MeBP, seed 004)"},
+    # two stages (prge_lib.experiments.stages): "sweep" runs the rows' seeds over their grids, "confirm" runs
+    # CONFIRM_SEEDS at each row's best sweep rate, into the same folder
+    "senszoq": {"tasks": ("sst2", "rte"), "rows": SENSZOQ_ROWS, "confirm_seeds": CONFIRM_SEEDS,
+                "source": "Guo et al. Fig. 6a and Table 9 (masks, each at its own rate); their Table 1's ZO LoRA "
+                          "on the same 4-bit base; P-RGE on that base"},
 }
+STAGES = ("sweep", "confirm")
 
 
 def _family(method: str) -> str:

@@ -65,3 +65,7 @@ TABLE3_MEMORY_GB = {
     "mezo-lorafa": {64: (2.09, 2.19, 2.32), 128: (2.10, 2.32, 2.56), 256: (2.13, 2.56, 3.05)},
     "prge": {64: (2.11, 2.32, 2.56), 128: (2.14, 2.56, 3.05), 256: (2.20, 3.05, 3.98)},
 }
+
+# Guo et al. Table 9 (a): the learning rate chosen for each mask on RTE at 0.1% sparsity (Llama2-7B, eps 1e-3,
+# static masks), the rates the senszoq grid's sweep is built to bracket on the embedded model (chapter 8)
+SENSZOQ_TABLE9_RTE = {"c4": 1e-6, "task": 1e-6, "random": 5e-4, "largest": 2e-4, "smallest": 1e-4}

@@ -12,6 +12,8 @@ validation and report the test score over the seeds. This module gathers the nam
 - :mod:`~prge_lib.experiments.results`: reading and checking result files (``read_result``, ``validate_result``);
 - :mod:`~prge_lib.experiments.locks`: one process per cell (``cell_lock``, ``CellBusy``);
 - :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``);
+- :mod:`~prge_lib.experiments.stages`: two-stage grids, a sweep then a confirmation at the best rates
+  (``stage_cells``, ``best_rates``);
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
 - :mod:`~prge_lib.experiments.runner`: running cells locally or on Ray (``run_cell``, ``run_pack``, ``run_grid``);
 - :mod:`~prge_lib.experiments.summaries`: the tables from the results (``summarize``, ``runs_of``, ``write_summary``).
@@ -21,17 +23,20 @@ from __future__ import annotations
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, checkpoint_root, grid_cells, grid_folder
 from prge_lib.experiments.estimates import (ADAPTER_SECONDS_PER_STEP, BENCH_LOAD_SECONDS, BENCH_STEP_SECONDS,
-                                            EVAL_SECONDS, PACK_ASSUMPTION, SECONDS_PER_STEP, estimate_seconds,
-                                            evaluation_factor, pack_step_share, prompt_length_factor,
-                                            step_seconds)
-from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, EVAL_EVERY, GRIDS, PEFT_ROWS, PROFILES, STEPS,
-                                        TABLE1_ROWS, TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
+                                            DEVICE_ASSUMPTION, EVAL_SECONDS, PACK_ASSUMPTION, SECONDS_PER_STEP,
+                                            device_shares, estimate_seconds, evaluation_factor, pack_step_share,
+                                            prompt_length_factor, step_seconds)
+from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, LM_STEPS,
+                                        PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
+                                        TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
                                           read_result, result_differs, validate_result)
 from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, run_cell, run_grid, run_pack
-from prge_lib.experiments.status import cell_status, list_cells
+from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
+                                         stage_cells, sweep_edges)
+from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, load_results, runs_of,
                                             spread_separates, summarize, summary_markdown, table_of,
                                             training_seconds, write_summary)
@@ -40,16 +45,17 @@ __all__ = [
     "RESULTS",
     "Cell", "checkpoint_root", "grid_cells", "grid_folder",
     "ADAPTER_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS", "SECONDS_PER_STEP",
-    "PACK_ASSUMPTION", "estimate_seconds", "evaluation_factor", "pack_step_share", "prompt_length_factor",
-    "step_seconds",
-    "ALTERNATIVE_ROWS", "BENCH_ROWS", "EVAL_EVERY", "GRIDS", "PEFT_ROWS", "PROFILES", "STEPS", "TABLE1_ROWS",
-    "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
+    "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "device_shares", "estimate_seconds", "evaluation_factor",
+    "pack_step_share", "prompt_length_factor", "step_seconds",
+    "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES", "SENSZOQ_ROWS",
+    "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
+    "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "stage_cells", "sweep_edges",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_result", "result_differs",
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
-    "cell_status", "list_cells",
+    "cell_status", "list_cells", "price_cells",
     "PAUSE_FACTOR", "device_of", "format_score", "load_results", "runs_of", "spread_separates", "summarize",
     "summary_markdown", "table_of", "training_seconds", "write_summary",
 ]

@@ -131,6 +131,17 @@ _TRAIN_SCHEMA = {
 }
 _BENCH_SCHEMA = {"type": "object", "required": ["kind", "configs", "floor", "ratios", "config", "provenance"],
                  "properties": {"kind": {"const": "bench"}}}
+# the WikiText-2 curves of chapter 9 (prge_lib.experiments.bench.lm_curves): per method its losses, step seconds
+# and held-out evaluations
+_LM_SCHEMA = {"type": "object", "required": ["kind", "runs", "config", "seed", "provenance"],
+              "properties": {"kind": {"const": "lm"}, "seed": {"type": "integer"},
+                             "runs": {"type": "object", "minProperties": 1, "additionalProperties": {
+                                 "type": "object", "required": ["rows", "losses", "seconds", "evals"],
+                                 "properties": {"losses": {"type": "array", "items": {"type": "number"}},
+                                                "seconds": {"type": "array", "items": {"type": "number"}},
+                                                "evals": {"type": "array", "minItems": 1}}}},
+                             "provenance": {"type": "object", "required": ["command", "commit", "versions",
+                                                                           "hardware", "wall_time_s"]}}}
 
 
 @functools.cache
@@ -139,7 +150,7 @@ def _validator(kind: str):
     schema on every call, which was most of the time of reading a grid's results)."""
     import jsonschema
 
-    schema = _BENCH_SCHEMA if kind == "bench" else _TRAIN_SCHEMA
+    schema = {"bench": _BENCH_SCHEMA, "lm": _LM_SCHEMA}.get(kind, _TRAIN_SCHEMA)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
@@ -149,7 +160,7 @@ def validate_result(result: dict) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``result`` is a well-formed cell result."""
     import jsonschema
 
-    _validator("bench" if result.get("kind") == "bench" else "train").validate(result)
+    _validator(result.get("kind") if result.get("kind") in ("bench", "lm") else "train").validate(result)
     if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
         raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses",
                                          path=("losses",))

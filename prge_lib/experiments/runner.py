@@ -20,6 +20,7 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import provenance, write_result
 from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
+from prge_lib.experiments.bench.lm_curves import lm_curves
 from prge_lib.experiments.bench.methods import bench
 from prge_lib.experiments.cells import Cell, checkpoint_root
 from prge_lib.experiments.estimates import estimate_seconds
@@ -71,6 +72,8 @@ def _run_held(cell: Cell, results: Path, checkpoints: Path | None, progress: boo
         result = _run_zeroshot(cell)
     elif cell.kind == "bench":
         result = _run_bench(cell)
+    elif cell.kind == "lm":
+        result = _run_lm(cell, progress)
     else:
         result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
     return _write_cell_result(cell, result, results, checkpoints, time.perf_counter() - start)
@@ -193,6 +196,15 @@ def _run_bench(cell: Cell) -> dict:
     result = bench(spec, c["methods"], E=c["E"], qs=tuple(c["qs"]), seq_len=c["seq_len"],
                    repeats=c["repeats"])
     result.update(kind="bench", config=c, seed=cell.seed)
+    return result
+
+
+def _run_lm(cell: Cell, progress: bool) -> dict:
+
+    c = cell.config()
+    result = lm_curves(c["seq_len"], c["lm_steps"], c["eval_every"], c["n_held"], c.get("model"),
+                       c.get("device", "cpu"), cell.seed, say=print if progress else lambda _: None)
+    result.update(kind="lm", task=cell.task, config=c, seed=cell.seed, model=c.get("model") or EMBEDDED_MODEL)
     return result
 
 

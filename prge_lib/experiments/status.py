@@ -8,7 +8,8 @@ from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell
-from prge_lib.experiments.estimates import device_kind, estimate_seconds, pack_step_share
+from prge_lib.experiments.estimates import (PACK_ASSUMPTION, device_kind, device_shares, device_step_share,
+                                            estimate_seconds, lm_seconds, pack_step_share)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
 from prge_lib.experiments.results import ResultFileError, result_differs
@@ -41,34 +42,76 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     return {"state": state, "step": step, "steps": steps}
 
 
-def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> str:
-    """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
-    :func:`cell_status`) and its time left. With ``pack`` > 1 the cells the runner would train in packs
-    (:func:`~prge_lib.experiments.packs.plan_packs` of the partial and missing cells) are priced by their share
-    of the pack's step (:func:`~prge_lib.experiments.estimates.pack_step_share`) and marked "packed ×R"."""
+def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> dict:
+    """What ``--list`` shows, as data: {"states": each cell's :func:`cell_status`, "seconds": each cell's time left,
+    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: (share, how)} of the packed cells,
+    "elsewhere": {device: :func:`~prge_lib.experiments.estimates.device_shares`} for the devices other than the
+    CPU}. With ``pack`` > 1 the cells the runner would train in packs (:func:`~prge_lib.experiments.packs.
+    plan_packs` of the partial and missing cells) are priced by their share of the pack's step
+    (:func:`~prge_lib.experiments.estimates.pack_step_share`); a cell on another device by its device's results."""
     states = [cell_status(cell, results, checkpoints) for cell in cells]
     todo = [cell for cell, st in zip(cells, states) if st["state"] in ("partial", "missing")]
-    packed = {cell.name: len(unit) for unit in plan_packs(todo, pack) if len(unit) > 1 for cell in unit}
+    units = [unit for unit in plan_packs(todo, pack) if len(unit) > 1]
+    packed = {cell.name: (len(unit), k) for k, unit in enumerate(units, 1) for cell in unit}
     devices = dict.fromkeys(device_kind(cell.config()) for cell in todo if cell.name in packed)
-    shares = {device: pack_step_share(device, results) for device in devices}
-    lines, left, done = [], 0.0, 0
+    pack_shares = {device: pack_step_share(device, results) for device in devices}
+    elsewhere = {device: device_shares(device, results)
+                 for device in dict.fromkeys(device_kind(cell.config()) for cell in cells) if device != "cpu"}
+    seconds = []
     for cell, st in zip(cells, states):
-        done += st["state"] == "done"
-        share = shares[device_kind(cell.config())][0] if cell.name in packed else 1.0
-        seconds = estimate_seconds(cell, max(0, st["steps"] - st["step"]), share) \
-            if st["state"] in ("partial", "missing", "running") else 0.0
-        left += seconds
+        share, eval_share = _shares(cell, packed, pack_shares, elsewhere)
+        seconds.append(estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share)
+                       if st["state"] in ("partial", "missing", "running") else 0.0)
+    return {"states": states, "seconds": seconds, "packed": packed, "pack_shares": pack_shares,
+            "elsewhere": elsewhere}
+
+
+def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1,
+               totals_only: bool = False) -> str:
+    """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
+    :func:`cell_status`) and its time left (:func:`price_cells`; a cell priced as packed is marked "packed ×R (pack
+    k)"), then the totals and what the prices rest on (``totals_only``: those lines alone)."""
+    priced = price_cells(cells, results, checkpoints, pack)
+    packed, elsewhere = priced["packed"], priced["elsewhere"]
+    lines = []
+    for cell, st, seconds in zip(cells, priced["states"], priced["seconds"]):
         state = f"{st['state']} {st['step']}/{st['steps']}" if st["state"] in ("partial", "running") and st["steps"] \
             else st["state"]
         line = f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}"
-        lines.append(f"{line:<70} packed ×{packed[cell.name]}" if cell.name in packed else line)
+        if cell.name in packed:
+            line = f"{line:<70} packed ×{packed[cell.name][0]} (pack {packed[cell.name][1]})"
+        lines.append(line)
     basis = ("benchmark cells alone on an idle machine" if all(c.kind == "bench" for c in cells) else
              "training cells at 1 torch thread each; two side by side on a 2-core CPU take about half as long")
-    lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left ({basis})")
-    for device, (_, how) in shares.items():
-        count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in todo)
+    if elsewhere and all(device_kind(c.config()) != "cpu" for c in cells):
+        basis = f"cells on {', '.join(elsewhere)} one after another"
+    if totals_only:
+        lines = []
+    done = sum(st["state"] == "done" for st in priced["states"])
+    lines.append(f"{done}/{len(cells)} done; about {_hours(sum(priced['seconds']))} left ({basis})")
+    for device, (_, how) in priced["pack_shares"].items():
+        count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in cells)
         lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")
+    for device, measured in elsewhere.items():
+        lines.append(f"cells on {device} priced from {measured['how']}")
+    lm = next((cell for cell in cells if cell.kind == "lm"), None)
+    if lm is not None:
+        lines.append(f"WikiText-2 curves priced from {lm_seconds(lm.config()['seq_len'], results)[2]}")
     return "\n".join(lines)
+
+
+def _shares(cell: Cell, packed: dict, pack_shares: dict, elsewhere: dict) -> tuple[float, float]:
+    """(step share, evaluation share) of ``cell`` against its solo CPU price: a packed cell's measured pack share
+    where its device has one, else its device's step share (1 on the CPU)."""
+    device = device_kind(cell.config())
+    measured = elsewhere.get(device)
+    step = 1.0 if measured is None or cell.kind not in ("train", "lm") else \
+        device_step_share(measured, cell.config().get("method", ""))
+    evaluation = 1.0 if measured is None or measured["eval"] is None else measured["eval"]
+    if cell.name in packed:
+        share, how = pack_shares[device]
+        return (step if how == PACK_ASSUMPTION else share), evaluation
+    return step, evaluation
 
 
 def _hours(seconds: float) -> str:

@@ -87,7 +87,10 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         if len(planned) > 1:
             raise ValueError(f"{grid_folder(grid, profile)}: the {task}/{row} runs were set to different step "
                              f"counts {sorted(planned)}; keep one count per folder (--results-dir)")
-        lr, runs = max(by_lr.items(), key=lambda kv: statistics.fmean(r["best_val"]["val"] for r in kv[1]))
+        candidates = list(by_lr.items())
+        if "confirm_seeds" in GRIDS.get(grid, {}):       # ties to the smaller rate, as the confirm stage chose
+            candidates.sort(key=lambda kv: (kv[0] is not None, kv[0] or 0))
+        lr, runs = max(candidates, key=lambda kv: _selection_score(grid, profile, task, row, kv[1]))
         runs = sorted(runs, key=lambda r: r["seed"])
         tests = [100 * r["best_val"]["test"] for r in runs]
         vals = [100 * r["best_val"]["val"] for r in runs]
@@ -105,6 +108,20 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "device": "+".join(devices),
         })
     return records
+
+
+def _selection_score(grid: str, profile: str, task: str, row: str, runs: list[dict]) -> float:
+    """The mean validation score a learning rate is chosen by: over all its runs, or in a two-stage grid
+    (:mod:`~prge_lib.experiments.stages`) over its sweep seeds' runs only, the choice the confirm stage was run at
+    (a rate the sweep lacks scores nothing)."""
+    spec = GRIDS.get(grid, {})
+    if "confirm_seeds" in spec:
+        found = next((x for x in spec["rows"] if x.key == row), None)
+        sweep = found.seeds_for(profile, task) if found is not None and profile in found.seeds else ()
+        runs = [r for r in runs if r["seed"] in sweep]
+        if not runs:
+            return float("-inf")
+    return statistics.fmean(r["best_val"]["val"] for r in runs)
 
 
 def device_of(result: dict) -> str:

@@ -1,0 +1,113 @@
+"""Two-stage grids (chapter 8's ``senszoq`` grid): a *sweep* stage runs each row's seeds over its learning-rate
+grid; a *confirm* stage runs the grid's ``confirm_seeds`` at the rate each (task, row) reached its best
+validation score in the sweep (Gao et al. §4.1's selection, made once on the sweep so that the confirming seeds
+cannot move it). Both write into the grid's one folder: the confirm cell of the sweep's seed at the chosen rate
+is the sweep's own cell, already done.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterable
+
+from prge_lib.common.paths import RESULTS
+from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
+from prge_lib.experiments.grids import GRIDS, STAGES, lr_text
+from prge_lib.experiments.results import read_result
+
+
+class SweepNotDone(ValueError):
+    """The confirm stage asked for before the sweep it reads has results: names the cells still missing."""
+
+    def __init__(self, grid: str, profile: str, missing: list[Cell], total: int):
+        self.missing, self.total = missing, total
+        profile_option = "" if profile == "cpu" else f" --profile {profile}"
+        super().__init__(f"the confirm stage of {grid!r} waits for its sweep: {len(missing)} of {total} sweep "
+                         f"cells have no result yet (e.g. {missing[0].name}); run "
+                         f"'prge reproduce {grid}{profile_option}' first")
+
+
+def check_stage(grid: str, stage: str) -> str:
+    """``stage`` if ``grid`` has it: every grid has "sweep" (its cells), a grid with ``confirm_seeds`` also
+    "confirm"; else a ValueError naming what is allowed."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; choose one of {list(STAGES)}")
+    if stage == "confirm" and "confirm_seeds" not in GRIDS[grid]:
+        staged = [g for g, spec in GRIDS.items() if "confirm_seeds" in spec]
+        raise ValueError(f"--stage confirm: grid {grid!r} has one stage; the two-stage grids are {staged}")
+    return stage
+
+
+def best_rates(sweep: Iterable[Cell], results: Path = RESULTS) -> tuple[dict, list[Cell]]:
+    """({(task, row key): the rate whose sweep run had the best validation score}, the sweep cells with no result).
+
+    Ties go to the smaller rate. A (task, row) with any sweep cell missing gets no rate: its choice would change
+    when the missing run came in."""
+    by_row: dict[tuple, list[Cell]] = {}
+    for cell in sweep:
+        by_row.setdefault((cell.task, cell.row.key), []).append(cell)
+    rates, missing = {}, []
+    for key, cells in by_row.items():
+        absent = [c for c in cells if not c.result_path(results).is_file()]
+        if absent:
+            missing += absent
+            continue
+        scores: dict[float, list[float]] = {}
+        for cell in cells:
+            scores.setdefault(cell.lr, []).append(read_result(cell.result_path(results))["best_val"]["val"])
+        rates[key] = max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr]))
+    return rates, missing
+
+
+def sweep_edges(grid: str, profile: str, rates: dict) -> list[str]:
+    """The (task, row) whose chosen rate is the largest or smallest of its grid: a best rate at an edge may lie
+    beyond it, so the grid did not bracket it (said by ``--list``)."""
+    rows = {row.key: row for row in GRIDS[grid]["rows"]}
+    edges = []
+    for (task, key), lr in rates.items():
+        grid_lrs = rows[key].lrs[profile]
+        if len(grid_lrs) > 1 and lr in (min(grid_lrs), max(grid_lrs)):
+            side = "largest" if lr == max(grid_lrs) else "smallest"
+            edges.append(f"{task}/{key}: best at the grid's {side} rate {lr_text(lr)}")
+    return edges
+
+
+def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
+                only: str | None = None, model: str | None = None, results: Path = RESULTS,
+                **overrides) -> list[Cell]:
+    """The cells of ``grid``'s ``stage``: the sweep is :func:`~prge_lib.experiments.cells.grid_cells`; the confirm
+    stage is, per (task, row), the confirm seeds (or ``seeds``) at the sweep's best rate (:func:`best_rates` of the
+    sweep's results under ``results``). :class:`SweepNotDone` while a sweep cell that ``only`` selects a confirm
+    row of has no result."""
+    check_stage(grid, stage)
+    if stage == "sweep":
+        return grid_cells(grid, profile, seeds, only, model, **overrides)
+    sweep = grid_cells(grid, profile, None, None, model, **overrides)
+    rates, missing = best_rates(sweep, results)
+    confirm = tuple(GRIDS[grid]["confirm_seeds"][profile]) if seeds is None else tuple(seeds)
+    cells, waiting = [], []
+    for task in GRIDS[grid]["tasks"]:
+        for row in GRIDS[grid]["rows"]:
+            if (task, row.key) in rates:
+                cells += row_cells(grid, profile, task, row, (rates[task, row.key],), confirm, model, "confirm",
+                                   **overrides)
+            else:       # the rate is not known yet: a stand-in rate says whether --only selects this row
+                stand_in = row_cells(grid, profile, task, row, row.lrs[profile][:1], confirm, model, "confirm",
+                                     **overrides)
+                unnamed = [SimpleNamespace(name=c.name.replace(f"_lr{lr_text(c.lr)}", "")) for c in stand_in]
+                if select(unnamed, only):
+                    waiting += [c for c in missing if (c.task, c.row.key) == (task, row.key)]
+    if waiting:
+        raise SweepNotDone(grid, profile, waiting, len(sweep))
+    return select(cells, only)
+
+
+def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, **overrides) -> list[Cell]:
+    """The confirm stage's cells as they will be once the sweep is done, for pricing before it is (a cell's time
+    does not depend on its rate): each row at its grid's first rate, less the sweep's seeds, whose cells at the
+    chosen rate the sweep has run."""
+    confirm = GRIDS[grid]["confirm_seeds"][profile]
+    return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
+            for cell in row_cells(grid, profile, task, row, row.lrs[profile][:1],
+                                  [s for s in confirm if s not in row.seeds_for(profile, task)], model, "confirm",
+                                  **overrides)]

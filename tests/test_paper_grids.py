@@ -1,0 +1,193 @@
+"""The paper-budget grids (chapters 7 and 8): their shapes per profile and stage, per-task seeds, the two-stage
+SensZOQ grid (the confirm stage reads its rates from the sweep's results, and waits for them), and --list's
+prices on another device."""
+import json
+
+import pytest
+
+from prge_lib.cli.main import main
+from prge_lib.experiments import reproduce as rp
+
+
+def _count(grid, profile, **kw):
+    return len(rp.grid_cells(grid, profile, **kw))
+
+
+def test_cell_counts_per_grid_profile_and_stage():
+    # Table 1, paper: zero-shot 3 seeds; FO and FO LoRA-FA 3 rates x 3 seeds; MeZO (Full) 6 rates x 3 seeds; the
+    # three ZO LoRA-FA rows 4 rates x (5 seeds on SST-2 and RTE, 3 on the other four tasks)
+    assert _count("table1", "paper") == 6 * (3 + 9 + 9 + 18) + 3 * 4 * (2 * 5 + 4 * 3)
+    assert _count("table1", "cpu") == 78                      # the cpu profile as its committed results ran
+    # Table 7: App. B's four rates in LoRA, LoRA-FA and DoRA, seven for VeRA, 3 seeds each
+    assert _count("peft", "paper") == 3 * (4 + 4 + 4 + 7)
+    vera = sorted({c.lr for c in rp.grid_cells("peft", "paper", only="mezo-vera_")})
+    assert vera[0] == 5e-4 and vera[-1] == 1.0 and len(vera) == 7
+    # SensZOQ: the sweep is one seed per rate, the confirm stage each row's confirm seeds beyond the sweep's
+    rows = rp.GRIDS["senszoq"]["rows"]
+    assert len(rows) == 9 and {r.row.key for r in rp.grid_cells("senszoq", "paper")} == {r.key for r in rows}
+    assert _count("senszoq", "paper") == 2 * sum(len(r.lrs["paper"]) for r in rows) == 126
+    assert {c.seed for c in rp.grid_cells("senszoq", "paper")} == {0}
+    assert len(rp.confirm_estimate_cells("senszoq", "paper")) == 2 * 9 * 2
+    assert {c.stage for c in rp.confirm_estimate_cells("senszoq", "paper")} == {"confirm"}
+
+
+def test_table1_paper_seeds_are_per_task_and_the_grids_are_the_issues():
+    zo = rp.grid_cells("table1", "paper", only="prge-q4-E16_lr1e-3")
+    seeds = {task: sorted(c.seed for c in zo if c.task == task) for task in rp.GRIDS["table1"]["tasks"]}
+    assert seeds["sst2"] == seeds["rte"] == [0, 1, 2, 3, 4] and seeds["mrpc"] == [0, 1, 2]
+    assert sorted(c.seed for c in rp.grid_cells("table1", "cpu", only="sst2/prge-q4")) == [0, 1, 2]
+    sst2_4, = rp.grid_cells("table1", "paper", only="sst2/prge-q4-E16_lr1e-3_seed4")
+    assert "--seeds" not in sst2_4.command()                    # seed 4 is SST-2's own on this profile
+    mrpc_4, = rp.grid_cells("table1", "paper", seeds=[4], only="mrpc/prge-q4-E16_lr1e-3")
+    assert mrpc_4.command().endswith("--seeds 4")
+    mezo = sorted({c.lr for c in rp.grid_cells("table1", "paper", only="sst2/mezo-E16")})
+    assert mezo == [1e-7, 5e-7, 1e-6, 5e-6, 1e-5, 5e-5]
+    q16, = rp.grid_cells("table1", "paper", only="sst2/prge-q16-E16_lr5e-5_seed0")
+    c = q16.config()
+    assert (c["q"], c["E"], c["steps"], c["eval_every"]) == (16, 16, 20000, 500)
+    assert {c.steps() for c in rp.grid_cells("table1", "paper", only="fo")} == {1000}
+    # the blind masks' grids reach 1000x the C4 mask's cpu rate; the NF4 baselines are on the same 4-bit base
+    blind = rp.grid_cells("senszoq", "paper", only="rte/senszoq-random-s1e-3")
+    assert max(c.lr for c in blind) == 1e-1 and len(blind) == 7
+    lora, = rp.grid_cells("senszoq", "paper", only="rte/mezo-lora-r8-nf4_lr1e-4")
+    assert {k: lora.config()[k] for k in ("adapter", "r", "alpha", "quant", "eps")} == \
+        {"adapter": "lora", "r": 8, "alpha": 16, "quant": "nf4", "eps": 1e-3}
+
+
+def _write(cell, root, val, test=0.6, device=None):
+    """A synthetic result of ``cell`` (its own config; validation score ``val``) under ``root``."""
+    point = {"step": 10, "val": val, "test": test}
+    config = dict(cell.config(), **({"device": device} if device else {}))
+    result = {"kind": "train", "task": cell.task, "method": config["method"], "seed": cell.seed, "steps": 2,
+              "config": config, "best_val": point, "final": point, "evals": [point], "losses": [1.0, 0.9],
+              "step_time_s": {"median": 0.1, "per_step": [0.1, 0.1]}, "elapsed_s": {"train_s": 0.2, "eval_s": 0.5},
+              "cell": {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+                       "lr": cell.lr},
+              "provenance": {"command": cell.command(), "commit": None, "versions": {}, "hardware": {},
+                             "wall_time_s": 1.0}}
+    path = cell.result_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+
+
+def test_the_confirm_stage_runs_the_sweeps_best_validation_rate(tmp_path):
+    row = "rte/senszoq-random-s1e-3"
+    sweep = rp.grid_cells("senszoq", "paper", only=row)
+    vals = {1e-4: 0.50, 3e-4: 0.52, 1e-3: 0.55, 3e-3: 0.61, 1e-2: 0.61, 3e-2: 0.58, 1e-1: 0.49}
+    for cell in sweep:
+        _write(cell, tmp_path, vals[cell.lr])
+    rates, missing = rp.best_rates(sweep, tmp_path)
+    assert rates == {("rte", "senszoq-random-s1e-3"): 3e-3} and missing == []      # a tie goes to the smaller
+    confirm = rp.stage_cells("senszoq", "paper", "confirm", only=row, results=tmp_path)
+    assert [(c.lr, c.seed, c.stage) for c in confirm] == [(3e-3, 0, "confirm"), (3e-3, 1, "confirm"),
+                                                          (3e-3, 2, "confirm")]
+    assert confirm[0].result_path(tmp_path).is_file()            # seed 0 at that rate is the sweep's own cell
+    assert confirm[1].command() == ("prge reproduce senszoq --profile paper --only "
+                                    "rte/senszoq-random-s1e-3_lr3e-3_seed1 --stage confirm")
+    # the confirming seeds do not move the choice: the summary keeps the rate the sweep chose
+    for cell, val in zip(confirm[1:], (0.40, 0.42)):
+        _write(cell, tmp_path, val)
+    record, = rp.summarize("senszoq", tmp_path, "paper")
+    assert record["lr"] == 3e-3 and record["n"] == 3
+    # a best rate at the edge of its grid is named: the grid did not bracket it
+    edge = {("rte", "senszoq-random-s1e-3"): 1e-1}
+    assert rp.sweep_edges("senszoq", "paper", edge) == ["rte/senszoq-random-s1e-3: best at the grid's largest "
+                                                        "rate 1e-1"]
+    assert rp.sweep_edges("senszoq", "paper", rates) == []
+
+
+def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, capsys):
+    with pytest.raises(rp.SweepNotDone, match=r"waits for its sweep: 126 of 126 sweep cells have no result"):
+        rp.stage_cells("senszoq", "paper", "confirm", results=tmp_path)
+    sweep = rp.grid_cells("senszoq", "paper", only="sst2/senszoq-c4-s1e-3")
+    for cell in sweep[:-1]:                                        # all but one rate of one row
+        _write(cell, tmp_path, 0.6)
+    with pytest.raises(rp.SweepNotDone, match=r": 1 of 126 sweep cells .*sst2/senszoq-c4-s1e-3_lr1e-3_seed0"):
+        rp.stage_cells("senszoq", "paper", "confirm", only="sst2/senszoq-c4-s1e-3", results=tmp_path)
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", *roots]) == 2
+    assert "the confirm stage of 'senszoq' waits for its sweep" in capsys.readouterr().err
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", "--list", *roots]) == 0
+    out = capsys.readouterr().out
+    assert "waits for its sweep" in out and "36 cells beyond the sweep's own" in out
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--only", "sst2/senszoq-c4-s1e-3", "--list",
+                 *roots]) == 0
+    out = capsys.readouterr().out
+    assert "6/7 done" in out and "then --stage confirm, which waits for this sweep: 36 cells" in out
+    assert main(["reproduce", "table1", "--stage", "confirm", "--list", *roots]) == 2
+    assert "grid 'table1' has one stage; the two-stage grids are ['senszoq']" in capsys.readouterr().err
+
+
+def test_list_prices_another_device_from_its_results_or_says_it_cannot(tmp_path, capsys):
+    cells = rp.grid_cells("table1", "paper", only="sst2/prge-q4-E16_lr1e-3", device="cuda")
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    listing = rp.list_cells(cells, tmp_path, tmp_path / "ck")
+    assert f"cells on cuda priced from {rp.DEVICE_ASSUMPTION}" in listing
+    cpu_left = sum(rp.estimate_seconds(c, c.steps()) for c in cells)
+    # one solo result on cuda: a step at a tenth of its CPU price
+    done = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0")[0]
+    _write(done, tmp_path, 0.7, device="cuda")
+    result = json.loads(done.result_path(tmp_path).read_text())
+    result["step_time_s"]["median"] = 0.1 * rp.step_seconds("sst2", done.config())
+    done.result_path(tmp_path).write_text(json.dumps(result))
+    shares = rp.device_shares("cuda", tmp_path)
+    assert shares["steps"]["prge"] == pytest.approx(0.1) and shares["any"] == pytest.approx(0.1)
+    listing = rp.list_cells(cells, tmp_path, tmp_path / "ck")
+    assert "cells on cuda priced from 1 solo training results on cuda (prge)" in listing
+    assert main(["reproduce", "table1", "--profile", "paper", "--device", "cuda", "--only",
+                 "sst2/prge-q4-E16_lr1e-3", "--pack", "8", "--list", *roots]) == 0
+    out = capsys.readouterr().out
+    assert out.count("packed ×5 (pack 1)") == 5                   # SST-2's five seeds in one pack
+    hours = float(out.split("about ")[1].split(" h")[0])
+    assert hours < 0.2 * cpu_left / 3600
+
+
+@pytest.mark.parametrize("row", ["mezo-lora-r8-nf4", "prge-q4-E16-nf4", "senszoq-random-s1e-3"])
+def test_a_step_of_each_new_senszoq_row_runs_on_an_nf4_base(row, fixture_data, tiny_folder, tmp_path, monkeypatch):
+    """The like-for-like baselines load their base in NF4 (bitsandbytes, on the CPU here) and train one step
+    through the runner, as the grid's cell would; the SensZOQ rows quantize their own base the same way."""
+    import bitsandbytes as bnb
+
+    from prge_lib.training import trainer
+
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    loaded, real_load = [], trainer.load_model
+
+    def spy(*args, **kwargs):
+        model, tokenizer = real_load(*args, **kwargs)
+        loaded.append(sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()))
+        return model, tokenizer
+
+    monkeypatch.setattr(trainer, "load_model", spy)
+    cell = rp.grid_cells("senszoq", "cpu", only=f"sst2/{row}_", model=str(tiny_folder), steps=1, eval_every=1,
+                         n_train=16, n_val=8, n_test=8)[0]
+    path = rp.run_cell(cell, tmp_path / "res", tmp_path / "ck", progress=False)
+    result = json.loads(path.read_text())
+    assert result["status"] == "finished" and result["steps"] == 1 and result["config"]["quant"] == "nf4"
+    assert all(map(lambda x: x == x, result["losses"]))               # a finite loss (not NaN)
+    # the baselines load every projection of both layers as a bitsandbytes 4-bit layer; SensZOQ loads its base
+    # unquantized and quantizes what it does not train itself (prge_lib.models.quant, the same NF4)
+    assert loaded == [0 if row.startswith("senszoq") else 2 * 7]
+    assert result["trainable_parameters"] > 0
+
+
+def test_the_wikitext_curves_cell_writes_every_methods_losses_and_step_times(tiny_folder, tmp_path, capsys):
+    """The fig1 cell (chapter 9's Fig. 1) on the tiny model: one result file with each method's per-step losses
+    and seconds and its held-out evaluations, schema-checked, with the command that makes it again."""
+    steps = {"mebp": 2, "mezo": 3, "prge": 2}
+    cell, = rp.grid_cells("fig1", "cpu", model=str(tiny_folder), lm_steps=steps, n_held=2, seq_len=16)
+    assert cell.kind == "lm" and rp.grid_cells("fig1", "paper")[0].config()["lm_steps"] == \
+        {"mebp": 500, "mezo": 5000, "prge": 5000}
+    path = rp.run_cell(cell, tmp_path / "res", tmp_path / "ck", progress=False)
+    result = rp.read_result(path)
+    assert {m: len(run["losses"]) for m, run in result["runs"].items()} == steps
+    assert all(len(run["seconds"]) == steps[m] and run["evals"][-1][0] == steps[m]
+               for m, run in result["runs"].items())
+    assert rp.cell_matches(cell, result) == [] and result["provenance"]["command"].startswith(
+        "prge reproduce fig1 --profile cpu --only wikitext2/lm-curves_seed0")
+    # --list prices it from a committed cpu cell, or says it has none
+    assert "WikiText-2 curves priced from" in rp.list_cells([cell], tmp_path / "none", tmp_path / "ck")
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
+        rp.validate_result(dict(result, runs={}))              # a curves result with no run is refused
