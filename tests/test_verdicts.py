@@ -24,6 +24,8 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     stalled = verdicts.ordering(*CLAIM, 89.1, 87.5, a, record("MeZO", 70.0, trained=False), clear)
     assert stalled["verdict"] == verdicts.INCONCLUSIVE and stalled["test"] == "did not train: MeZO"
     assert verdicts.ordering(*CLAIM, 89.1, 87.5, None, b, None)["book"] == "not run yet"
+    figure_only = verdicts.ordering(*CLAIM, None, None, a, b, clear)      # the paper's ordering from a figure: a above b
+    assert figure_only["verdict"] == verdicts.REPRODUCED and "no numbers in the text" in figure_only["paper"]
 
 
 def test_equivalence_needs_every_interval_inside_the_margin():

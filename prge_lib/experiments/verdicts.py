@@ -36,12 +36,16 @@ def _untrained(*records: dict) -> list[str]:
     return [r["label"] for r in records if r.get("trained") is False]
 
 
-def ordering(claim: str, source: str, paper_a: float, paper_b: float, a: dict | None, b: dict | None,
-             result: dict | None) -> dict:
-    """Verdict on "row a scores above (or below) row b", the paper's scores ``paper_a``, ``paper_b``:
-    REPRODUCED when the seed test finds a difference of the paper's sign, NOT_REPRODUCED when it finds one of
-    the other sign, INCONCLUSIVE when it finds none, cannot test (one seed), or a row never trained."""
-    paper = f"{paper_a:.1f} vs {paper_b:.1f} ({paper_a - paper_b:+.1f})"
+def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | None, a: dict | None,
+             b: dict | None, result: dict | None) -> dict:
+    """Verdict on "row a scores above (or below) row b", the paper's scores ``paper_a``, ``paper_b`` (None where
+    the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
+    difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
+    finds none, cannot test (one seed), or a row never trained."""
+    if paper_a is None or paper_b is None:
+        paper, paper_gap = "a above b in a figure (no numbers in the text)", 1.0
+    else:
+        paper, paper_gap = f"{paper_a:.1f} vs {paper_b:.1f} ({paper_a - paper_b:+.1f})", paper_a - paper_b
     if not (a and b and result):
         return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
     book = f"{a['test_mean']:.1f} vs {b['test_mean']:.1f} ({result['difference']:+.1f})"
@@ -51,7 +55,7 @@ def ordering(claim: str, source: str, paper_a: float, paper_b: float, a: dict | 
     test = stats.describe(result)
     if result["verdict"] != stats.DIFFERENCE:
         return row(claim, source, paper, book, INCONCLUSIVE, test)
-    same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_a - paper_b)
+    same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_gap)
     return row(claim, source, paper, book, REPRODUCED if same_sign else NOT_REPRODUCED, test)
 
 
@@ -75,15 +79,17 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
                f"{tests} (95% intervals within ± {margin:g} points needed)")
 
 
-def threshold(claim: str, source: str, paper_value: float | None, ours: float | None, *, at_least: float | None = None,
-              at_most: float | None = None, what: str = "ratio") -> dict:
+def threshold(claim: str, source: str, paper_value: float | str | None, ours: float | None, *,
+              at_least: float | None = None, at_most: float | None = None, what: str = "ratio") -> dict:
     """Verdict on a systems claim: ``ours`` (a ratio measured here) must be at least ``at_least`` and/or at most
-    ``at_most``; the paper's own value stands beside it. INCONCLUSIVE while not measured."""
+    ``at_most``; the paper's own value (or its words, where it gives no ratio) stands beside it. INCONCLUSIVE
+    while not measured."""
     if at_least is None and at_most is None:
         raise ValueError("a threshold claim needs at_least or at_most")
     bounds = " and ".join(b for b in ((f"≥ {at_least:g}" if at_least is not None else ""),
                                       (f"≤ {at_most:g}" if at_most is not None else "")) if b)
-    paper = "no figure in the text" if paper_value is None else f"{what} {paper_value:.2f}"
+    paper = ("no figure in the text" if paper_value is None else paper_value if isinstance(paper_value, str)
+             else f"{what} {paper_value:.2f}")
     if ours is None or (isinstance(ours, float) and math.isnan(ours)):
         return row(claim, source, paper, "not measured yet", INCONCLUSIVE, f"{what} {bounds} needed")
     ok = (at_least is None or ours >= at_least) and (at_most is None or ours <= at_most)
