@@ -267,7 +267,15 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert records["mezo-lorafa-E16"]["test_sd"] is None
     assert prge["train_min"] == 2.0                                       # two steps of a minute each
     assert list(records) == ["mezo-lorafa-E16", "prge-q4-E16"]           # the paper's row order
-    assert not rp.spread_separates(prge, records["mezo-lorafa-E16"])      # one seed never separates
+    # one seed on one side: no test is made, whatever the gap
+    one = rp.compare_rows(prge, rp.runs_of("table1", "sst2", "prge-q4-E16", 1e-3, tmp_path),
+                          records["mezo-lorafa-E16"], rp.runs_of("table1", "sst2", "mezo-lorafa-E16", 1e-3, tmp_path))
+    assert one["verdict"] == "one seed: untested" and one["difference"] == pytest.approx(14.0)
+    # every run's best validation step is step 10 and none records a step-0 score: whether it trained is unknown
+    assert prge["trained"] is None and prge["majority"] == 50.92          # SST-2's 872 test sentences: 444 positive
+    assert prge["fo_gain_share"] is None                                  # no zero-shot or FO row in this folder
+    assert rp.lr_note(prge) == "lr 1e-3 chosen on validation from {1e-4, 1e-3}"
+    assert rp.lr_note(records["mezo-lorafa-E16"]) == "lr 1e-3 (one rate tried)"
     behind = rp.runs_of("table1", prge["task"], prge["row"], prge["lr"], tmp_path)   # the files of the record
     assert [r["seed"] for r in behind] == prge["seeds"] == [0, 1, 2]
     assert [100 * r["best_val"]["test"] for r in behind] == [72.0, 78.0, 75.0]
@@ -275,7 +283,9 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert rp.runs_of("table1", "rte", "prge-q4-E16", results=tmp_path) == []
     csv_path, md_path = rp.write_summary("table1", tmp_path)
     assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text() and "GPU" not in md_path.read_text()
-    assert csv_path.read_text().splitlines()[0].startswith("task,row,label,lr,seeds")
+    assert csv_path.read_text().splitlines()[0].startswith("task,row,label,method,lr,seeds")
+    assert "| *always the commonest answer* | 50.9 |" in md_path.read_text()
+    assert "- P-RGE (q = 4): lr 1e-3 chosen on validation from {1e-4, 1e-3}" in md_path.read_text()
     assert prge["device"] == "cpu"
     # a run on a GPU is marked wherever its row is shown, and a row mixing devices says so
     gpu = result("mezo-lorafa-E16", 1e-3, 1, 0.62, 0.65)
@@ -286,6 +296,36 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert rp.format_score(dict(mixed, device="cuda", n=1)) == "63.0 (1, GPU)"
     _, md_path = rp.write_summary("table1", tmp_path)
     assert "GPU: the runs trained on a GPU" in md_path.read_text()
+
+
+def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_follow_table1(tmp_path):
+    def result(row, method, lr, seed, start, best, test, steps=2):
+        first, point = {"step": 0, "val": start, "test": test}, {"step": 2, "val": best, "test": test}
+        return {"kind": "train", "task": "sst2", "method": method, "seed": seed, "steps": steps,
+                "config": {"task": "sst2", "seed": seed, "lr": lr, "steps": steps}, "best_val": point,
+                "final": point, "evals": [first, point], "losses": [1.0] * steps, "cell": {"row": row, "lr": lr},
+                "data_sizes": {"train": 1000, "val": 500, "test": 872},
+                "provenance": {"command": "x", "commit": None, "versions": {}, "hardware": {}, "wall_time_s": 1.0}}
+    folder = tmp_path / "table1" / "sst2"
+    folder.mkdir(parents=True)
+    # start 0.5 on 500 validation examples: standard error sqrt(0.25 / 500) = 0.02236
+    runs = [("zeroshot", "zeroshot", None, 0, 0.5, 0.5, 0.50, 0), ("fo-lorafa", "fo-lorafa", 3e-4, 0, 0.5, 0.9, 0.90),
+            ("mezo-E16", "mezo", 1e-6, 0, 0.5, 0.522, 0.52),            # +0.022: inside one standard error
+            ("prge-q4-E16", "prge", 1e-3, 0, 0.5, 0.52, 0.70), ("prge-q4-E16", "prge", 1e-3, 1, 0.5, 0.523, 0.80)]
+    for row, method, lr, seed, start, best, test, *steps in runs:
+        name = f"{row}_seed{seed}" if lr is None else f"{row}_lr{rp.lr_text(lr)}_seed{seed}"
+        (folder / f"{name}.json").write_text(json.dumps(result(row, method, lr, seed, start, best, test, *steps)))
+    records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
+    assert records["mezo-E16"]["trained"] is False and records["zeroshot"]["trained"] is None
+    assert records["prge-q4-E16"]["trained"] is True                    # seed 1 rose 0.023 > 0.02236
+    assert rp.format_score(records["mezo-E16"]) == "did not train (1)"
+    # (75 - 50) / (90 - 50) = 0.625 -> 0.62; the paper's SST-2: (89.1 - 55.3) / (94.2 - 55.3) = 0.8689
+    assert records["prge-q4-E16"]["fo_gain_share"] == 0.62 and records["prge-q4-E16"]["paper_fo_gain_share"] == 0.87
+    assert records["fo-lorafa"]["fo_gain_share"] is None                 # FO rows have no share
+    _, md_path = rp.write_summary("table1", tmp_path)
+    text = md_path.read_text()
+    assert "| MeZO (Full) | did not train (1) |" in text and "| P-RGE (q = 4) | 0.62 (paper 0.87) |" in text
+    assert "- MeZO (Full): lr 1e-6 (one rate tried)" in text
 
 
 def test_device_runs_the_same_cell():

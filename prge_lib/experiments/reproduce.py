@@ -16,7 +16,8 @@ validation and report the test score over the seeds. This module gathers the nam
   (``stage_cells``, ``best_rates``);
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
 - :mod:`~prge_lib.experiments.runner`: running cells locally or on Ray (``run_cell``, ``run_pack``, ``run_grid``);
-- :mod:`~prge_lib.experiments.summaries`: the tables from the results (``summarize``, ``runs_of``, ``write_summary``).
+- :mod:`~prge_lib.experiments.summaries`: the tables from the results (``summarize``, ``runs_of``, ``write_summary``);
+- :mod:`~prge_lib.experiments.stats`: whether two rows differ over seeds (``compare_rows``, ``describe``).
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, r
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, sweep_edges)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
-from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, load_results, runs_of,
-                                            spread_separates, summarize, summary_markdown, table_of,
+from prge_lib.experiments.stats import compare_rows, compare_scores, describe
+from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
+                                            lr_note, majority_rate, runs_of, summarize, summary_markdown, table_of,
                                             training_seconds, write_summary)
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",
-    "PAUSE_FACTOR", "device_of", "format_score", "load_results", "runs_of", "spread_separates", "summarize",
-    "summary_markdown", "table_of", "training_seconds", "write_summary",
+    "compare_rows", "compare_scores", "describe",
+    "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
+    "runs_of", "summarize", "summary_markdown", "table_of", "training_seconds", "write_summary",
 ]

@@ -3,20 +3,30 @@ one record per (task, row) as the tables print it.
 
 Model selection follows Gao et al. §4.1 / App. C: per (task, row) the learning rate with the best mean
 validation score over the seeds is chosen, and the test score at each run's best validation step is
-reported as mean ± standard deviation over the seeds (:func:`summarize`).
+reported as mean ± standard deviation over the seeds (:func:`summarize`). Each record also says whether the
+runs trained at all (:func:`left_zero_shot`), what always answering the test split's commonest class scores
+(:func:`majority_rate`) and what share of first-order's gain over zero-shot a ZO row reaches (``fo_gain_share``,
+beside the same share in Gao et al. Table 1). Whether two rows differ is a test over seeds
+(:mod:`prge_lib.experiments.stats`), never read off this table.
 """
 from __future__ import annotations
 
 import csv
+import functools
 import io
+import math
 import statistics
 from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file
+from prge_lib.data.splits import sample_task
+from prge_lib.data.tasks import PROTOCOL, get_task
+from prge_lib.experiments import paper
 from prge_lib.experiments.cells import grid_folder
-from prge_lib.experiments.grids import GRIDS
+from prge_lib.experiments.grids import GRIDS, lr_text
 from prge_lib.experiments.results import check_file_cell, read_result
+from prge_lib.methods import registry
 
 
 def load_results(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
@@ -66,12 +76,76 @@ def training_seconds(result: dict) -> float | None:
     return sum(s if s <= PAUSE_FACTOR * median else median for s in steps)
 
 
+def start_val(result: dict) -> float | None:
+    """The validation score a run started from: its step-0 evaluation, else the zero-shot score it recorded."""
+    first = result["evals"][0]
+    if first["step"] == 0:
+        return first["val"]
+    return result.get("zero_shot_val")
+
+
+def left_zero_shot(result: dict) -> bool | None:
+    """Whether a training run moved off its starting point: its best validation score lies above the step-0
+    score by more than the standard error of a proportion on the validation set, sqrt(p (1 - p) / n_val)
+    (for a score in [0, 1] that bounds the standard error of its mean). None where the run recorded no start."""
+    start = start_val(result)
+    n_val = (result.get("data_sizes") or {}).get("val") or result["config"].get("n_val") or PROTOCOL["n_val"]
+    if start is None:
+        return None
+    return result["best_val"]["val"] - start > math.sqrt(start * (1 - start) / n_val)
+
+
+@functools.cache
+def majority_rate(task: str, seed: int, n_train: int, n_val: int, n_test: int) -> float | None:
+    """Share of the commonest answer in the test examples the MeZO protocol draws for ``seed`` (the accuracy of
+    always giving that answer); None for a task scored by a metric other than accuracy."""
+    spec = get_task(task)
+    if spec.metric != "accuracy":
+        return None
+    test = sample_task(spec, seed, n_train, n_val, n_test).test
+    golds = [spec.gold(example) for example in test]
+    return max(golds.count(g) for g in set(golds)) / len(golds)
+
+
+def _majority(runs: list[dict]) -> float | None:
+    """:func:`majority_rate` (%) averaged over the runs' seeds, with the sizes each run asked for."""
+    rates = []
+    for r in runs:
+        sizes = {k: r["config"].get(k) or PROTOCOL[k] for k in PROTOCOL}
+        rates.append(majority_rate(r["task"], r["seed"], sizes["n_train"], sizes["n_val"], sizes["n_test"]))
+    return None if None in rates else round(100 * statistics.fmean(rates), 2)
+
+
+def _gain_share(value: float | None, zero_shot: float | None, fo: float | None) -> float | None:
+    """(value - zero-shot) / (FO - zero-shot), rounded; None where a number is missing or FO gained nothing."""
+    if None in (value, zero_shot, fo) or fo - zero_shot <= 0:
+        return None
+    return round((value - zero_shot) / (fo - zero_shot), 2)
+
+
+def _add_gain_shares(records: list[dict]) -> None:
+    """``fo_gain_share`` and ``paper_fo_gain_share`` of each ZO record whose task has zero-shot and FO LoRA-FA
+    records (the paper's from Gao et al. Table 1, arXiv version, for Table 1's rows)."""
+    cell = table_of(records)
+    for r in records:
+        r["fo_gain_share"] = r["paper_fo_gain_share"] = None
+        zs, fo = cell.get((r["task"], "zeroshot")), cell.get((r["task"], "fo-lorafa"))
+        if r["method"] == "zeroshot" or registry.get(r["method"]).family != "zo" or not (zs and fo):
+            continue
+        r["fo_gain_share"] = _gain_share(r["test_mean"], zs["test_mean"], fo["test_mean"])
+        published = {k: paper.TABLE1.get(k, {}).get(r["task"]) for k in (r["row"], "zeroshot", "fo-lorafa")}
+        r["paper_fo_gain_share"] = _gain_share(*published.values())
+
+
 def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
     """One record per (task, row): the chosen lr (best mean validation over seeds), the test score at each
     seed's best validation step as mean, standard deviation, min and max over the seeds, the mean training
     minutes per run (:func:`training_seconds`; None for zero-shot rows) and where the runs ran (``device``:
-    "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). Runs of one
-    (task, row) that were set to different step counts are an error: their scores do not average."""
+    "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). ``trained`` is
+    False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows),
+    ``majority`` the test split's commonest-answer rate in % (:func:`majority_rate`), ``fo_gain_share`` and
+    ``paper_fo_gain_share`` as :func:`_add_gain_shares` sets them. Runs of one (task, row) that were set to
+    different step counts are an error: their scores do not average."""
     groups: dict[tuple, dict[float | None, list[dict]]] = {}
     for r in load_results(grid, results, profile):
         if r.get("kind") != "train":
@@ -97,8 +171,10 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         label = next((x.label for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), row)
         seconds = [training_seconds(r) for r in runs]
         devices = sorted({device_of(r) for r in runs})
+        zero_shot = runs[0]["method"] == "zeroshot"
+        moved = [left_zero_shot(r) for r in runs]
         records.append({
-            "task": task, "row": row, "label": label, "lr": lr, "seeds": [r["seed"] for r in runs],
+            "task": task, "row": row, "label": label, "method": runs[0]["method"], "lr": lr, "seeds": [r["seed"] for r in runs],
             "n": len(runs), "steps": runs[0]["config"].get("steps", runs[0]["steps"]),
             "val_mean": round(statistics.fmean(vals), 2), "test_mean": round(statistics.fmean(tests), 2),
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
@@ -106,7 +182,10 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
+            "trained": None if zero_shot or None in moved else any(moved),
+            "majority": _majority(runs),
         })
+    _add_gain_shares(records)
     return records
 
 
@@ -151,11 +230,41 @@ def write_summary(grid: str, results: Path = RESULTS, profile: str = "cpu") -> t
 
 def format_score(record: dict) -> str:
     """"74.1 ± 2.0 (3)": mean ± standard deviation over n seeds; one seed shows the value alone. Runs made on
-    a GPU say so: "56.3 (1, GPU)"."""
+    a GPU say so: "56.3 (1, GPU)". A row whose runs never left zero-shot shows "did not train" instead of a score
+    (``trained`` False: :func:`left_zero_shot`)."""
     where = {"cpu": "", "cuda": ", GPU"}.get(record.get("device", "cpu"), ", CPU and GPU")
+    if record.get("trained") is False:
+        return f"did not train ({record['n']}{where})"
     if record["n"] == 1:
         return f"{record['test_mean']:.1f} (1{where})"
     return f"{record['test_mean']:.1f} ± {record['test_sd']:.1f} ({record['n']}{where})"
+
+
+def lr_note(record: dict) -> str:
+    """How a record's learning rate was set: "lr 1e-3 chosen on validation from {1e-4, 1e-3}" where several were
+    tried, "lr 1e-3 (one rate tried)" where one was."""
+    if record["lr"] is None:
+        return "no training"
+    if len(record["lrs_tried"]) > 1:
+        return f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, record['lrs_tried']))}}}"
+    return f"lr {lr_text(record['lr'])} (one rate tried)"
+
+
+def _joined_by_task(records: list[dict], text) -> str:
+    """``text(record)`` for a row's records: once if it is the same on every task, else per task."""
+    notes = {r["task"]: text(r) for r in records}
+    if len(set(notes.values())) == 1:
+        return next(iter(notes.values()))
+    return "; ".join(f"{task}: {note}" for task, note in notes.items())
+
+
+def _share_text(record: dict | None) -> str:
+    """"0.45 (paper 0.83)": a record's ``fo_gain_share`` beside the paper's; "–" where it has none."""
+    if not record or record.get("fo_gain_share") is None:
+        return "–"
+    if record.get("paper_fo_gain_share") is None:
+        return f"{record['fo_gain_share']:.2f}"
+    return f"{record['fo_gain_share']:.2f} (paper {record['paper_fo_gain_share']:.2f})"
 
 
 def summary_markdown(records: list[dict]) -> str:
@@ -166,9 +275,37 @@ def summary_markdown(records: list[dict]) -> str:
     for key, label in rows:
         lines.append(f"| {label} | " + " | ".join(
             format_score(cell[(t, key)]) if (t, key) in cell else "–" for t in tasks) + " |")
+    majority = []
+    for t in tasks:
+        rates = sorted({r["majority"] for r in records if r["task"] == t and r["majority"] is not None})
+        majority.append(" / ".join(f"{v:.1f}" for v in rates) or "–")
+    lines.append("| *always the commonest answer* | " + " | ".join(majority) + " |")
     lines.append("")
     lines.append("Test score at each run's best validation step: mean ± standard deviation over seeds "
-                 "(number of seeds); learning rate chosen by mean validation score.")
+                 "(number of seeds). \"did not train\": no seed's best validation score rose above its step-0 "
+                 "score by more than the standard error of a proportion on the validation set, "
+                 "sqrt(p (1 - p) / n_val). The last line is the accuracy of always giving the answer that is "
+                 "commonest in the test examples the protocol draws. Differences between rows are tested over "
+                 "seeds in the chapters, not read off this table.")
+    lines.append("")
+    lines.append("Learning rates:")
+    lines.append("")
+    for key, label in rows:
+        lines.append(f"- {label}: " + _joined_by_task([r for r in records if r["row"] == key], lr_note))
+    shares = [r for r in records if r.get("fo_gain_share") is not None]
+    if shares:
+        lines.append("")
+        lines.append("Share of first-order LoRA-FA's gain over zero-shot, (ZO − zero-shot) ÷ (FO − zero-shot), "
+                     "ours and in Gao et al. Table 1 (arXiv version):")
+        lines.append("")
+        share_tasks = list(dict.fromkeys(r["task"] for r in shares))
+        lines.append("| method | " + " | ".join(share_tasks) + " |")
+        lines.append("|---|" + "---|" * len(share_tasks))
+        for key, label in rows:
+            got = [cell.get((t, key)) for t in share_tasks]
+            if not any(g and g.get("fo_gain_share") is not None for g in got):
+                continue
+            lines.append(f"| {label} | " + " | ".join(_share_text(g) for g in got) + " |")
     gpu = [r for r in records if r.get("device", "cpu") != "cpu"]
     if gpu:
         # before the counter generator became the GPU's default, GPU runs drew from torch's CUDA generator
@@ -184,11 +321,3 @@ def summary_markdown(records: list[dict]) -> str:
 def table_of(records: list[dict]) -> dict[tuple[str, str], dict]:
     """Summary records keyed by (task, row)."""
     return {(r["task"], r["row"]): r for r in records}
-
-
-def spread_separates(a: dict, b: dict) -> bool:
-    """True when the two rows' test means differ by more than the larger of their standard deviations
-    (the book calls a difference a difference only then; one-seed rows never qualify)."""
-    if a["test_sd"] is None or b["test_sd"] is None:
-        return False
-    return abs(a["test_mean"] - b["test_mean"]) > max(a["test_sd"], b["test_sd"])

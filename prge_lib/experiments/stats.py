@@ -1,0 +1,190 @@
+"""Tests of a difference between two rows of a grid over seeds (chapters 7–9).
+
+A seed fixes a run's data sample and its LoRA-A initialisation, so two rows run with the same seeds are paired:
+:func:`paired` tests the mean of the per-seed differences (paired t, and a percentile bootstrap over the seeds
+when there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t
+test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict: "difference" only when the
+two-sided p value is below ``ALPHA``. Student's t distribution is computed here from the regularized incomplete
+beta function (:func:`t_sf`, :func:`t_quantile`).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+
+ALPHA = 0.05
+BOOTSTRAP_MIN_N = 5
+BOOTSTRAP_DRAWS = 20_000
+DIFFERENCE, NO_DIFFERENCE, UNTESTED = "difference", "no difference shown", "one seed: untested"
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz), valid for x < (a + 1)/(a + b + 2)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    value = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            value *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return value
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x must lie in [0, 1], got {x}")
+    if x in (0.0, 1.0):
+        return x
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (df > 0, not necessarily whole)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|)."""
+    return min(1.0, 2 * t_sf(abs(t), df))
+
+
+def t_quantile(prob: float, df: float) -> float:
+    """The t with P(T <= t) = ``prob`` (bisection on :func:`t_sf`)."""
+    if not 0.0 < prob < 1.0:
+        raise ValueError(f"prob must lie strictly between 0 and 1, got {prob}")
+    if prob < 0.5:
+        return -t_quantile(1 - prob, df)
+    lo, hi = 0.0, 1.0
+    while 1 - t_sf(hi, df) < prob:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 1 - t_sf(mid, df) < prob else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2
+
+
+def _t_test(estimate: float, se: float, df: float) -> tuple[float, float, tuple[float, float]]:
+    """t, two-sided p and the (1 - ALPHA) interval of an estimate with standard error ``se`` on ``df`` df; a zero
+    standard error gives t = ±inf (p 0) for a non-zero estimate and t = 0 (p 1) for a zero one."""
+    if se == 0:
+        t = 0.0 if estimate == 0 else math.copysign(math.inf, estimate)
+        return t, (1.0 if t == 0 else 0.0), (estimate, estimate)
+    t = estimate / se
+    half = t_quantile(1 - ALPHA / 2, df) * se
+    return t, two_sided_p(t, df), (estimate - half, estimate + half)
+
+
+def bootstrap_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval (1 - ALPHA) of the mean of ``values``: every resample enumerated when n^n is
+    at most BOOTSTRAP_DRAWS, else BOOTSTRAP_DRAWS seeded resamples."""
+    n = len(values)
+    if n ** n <= BOOTSTRAP_DRAWS:
+        means = [statistics.fmean(s) for s in itertools.product(values, repeat=n)]
+    else:
+        rng = random.Random(seed)
+        means = [statistics.fmean(rng.choices(values, k=n)) for _ in range(BOOTSTRAP_DRAWS)]
+    means.sort()
+    lo = means[math.floor(ALPHA / 2 * (len(means) - 1))]
+    hi = means[math.ceil((1 - ALPHA / 2) * (len(means) - 1))]
+    return lo, hi
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    """Paired t test of mean(a - b), a[i] and b[i] from the same seed: the mean difference, t on n - 1 df, the
+    two-sided p, the t interval, and the bootstrap interval over seeds where n >= BOOTSTRAP_MIN_N."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"a paired test needs two equally long lists of at least 2 values, got {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b)]
+    n, mean = len(diffs), statistics.fmean(diffs)
+    t, p, ci = _t_test(mean, statistics.stdev(diffs) / math.sqrt(n), n - 1)
+    return {"test": "paired t", "n": n, "difference": mean, "statistic": t, "df": n - 1, "p": p, "ci": ci,
+            "bootstrap_ci": bootstrap_interval(diffs) if n >= BOOTSTRAP_MIN_N else None}
+
+
+def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
+    """Welch–Satterthwaite degrees of freedom (s_a²/n_a + s_b²/n_b)² / (Σ (s²/n)² / (n - 1))."""
+    sa, sb = var_a / n_a, var_b / n_b
+    if sa + sb == 0:
+        return float(n_a + n_b - 2)
+    return (sa + sb) ** 2 / (sa ** 2 / (n_a - 1) + sb ** 2 / (n_b - 1))
+
+
+def welch(a: list[float], b: list[float]) -> dict:
+    """Welch's t test of mean(a) - mean(b) for independent samples of at least 2 values each."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"Welch's test needs at least 2 values a side, got {len(a)} and {len(b)}")
+    var_a, var_b = statistics.variance(a), statistics.variance(b)
+    df = welch_df(var_a, len(a), var_b, len(b))
+    mean = statistics.fmean(a) - statistics.fmean(b)
+    t, p, ci = _t_test(mean, math.sqrt(var_a / len(a) + var_b / len(b)), df)
+    return {"test": "Welch t", "n": (len(a), len(b)), "difference": mean, "statistic": t, "df": df, "p": p,
+            "ci": ci, "bootstrap_ci": None}
+
+
+def verdict_of(p: float | None) -> str:
+    """The word for a two-sided p value: DIFFERENCE below ALPHA, NO_DIFFERENCE otherwise, UNTESTED for None."""
+    if p is None:
+        return UNTESTED
+    return DIFFERENCE if p < ALPHA else NO_DIFFERENCE
+
+
+def compare_scores(a: dict[int, float], b: dict[int, float]) -> dict:
+    """Test of the difference between two rows' scores, each given as {seed: score}: paired when both rows have
+    the same seeds (at least two), Welch otherwise (at least two a side), untested with a single seed."""
+    if sorted(a) == sorted(b) and len(a) >= 2:
+        seeds = sorted(a)
+        result = paired([a[s] for s in seeds], [b[s] for s in seeds])
+    elif len(a) >= 2 and len(b) >= 2:
+        result = welch(list(a.values()), list(b.values()))
+    else:
+        result = {"test": "none", "n": (len(a), len(b)),
+                  "difference": statistics.fmean(a.values()) - statistics.fmean(b.values()),
+                  "statistic": None, "df": None, "p": None, "ci": None, "bootstrap_ci": None}
+    result["verdict"] = verdict_of(result["p"])
+    return result
+
+
+def compare_rows(a: dict, runs_a: list[dict], b: dict, runs_b: list[dict]) -> dict:
+    """:func:`compare_scores` of two summary records (``summaries.summarize``) from their runs
+    (``summaries.runs_of(grid, task, row, lr)``): the test score (%) at each run's best validation step, by seed.
+    The record adds both rows' keys."""
+    def scores(runs):
+        return {r["seed"]: 100 * r["best_val"]["test"] for r in runs}
+
+    result = compare_scores(scores(runs_a), scores(runs_b))
+    result.update(a=a["row"], b=b["row"], task=a["task"])
+    return result
+
+
+def describe(result: dict) -> str:
+    """One line: "+1.4 points, paired t(2) = 0.52, p = 0.66, 95% CI [-10.2, 13.0]: no difference shown"."""
+    level = round(100 * (1 - ALPHA))
+    head = f"{result['difference']:+.1f} points"
+    if result["p"] is None:
+        return f"{head}: {result['verdict']}"
+    df = f"{result['df']:.0f}" if float(result["df"]).is_integer() else f"{result['df']:.1f}"
+    text = (f"{head}, {result['test']}({df}) = {result['statistic']:.2f}, p = {result['p']:.2g}, "
+            f"{level}% CI [{result['ci'][0]:.1f}, {result['ci'][1]:.1f}]")
+    if result.get("bootstrap_ci"):
+        text += f", bootstrap [{result['bootstrap_ci'][0]:.1f}, {result['bootstrap_ci'][1]:.1f}]"
+    return f"{text}: {result['verdict']}"

@@ -1,0 +1,102 @@
+"""Verdicts on the papers' claims, one row per claim, as chapters 7–9 end with them.
+
+Each row names the claim, its source (paper, version and table or figure number: the arXiv full version and the
+ACL version of Gao et al. number their tables differently), the paper's figure, the book's, and one word:
+REPRODUCED, NOT_REPRODUCED or INCONCLUSIVE, with the test behind it. Accuracy claims are tested over seeds
+(:mod:`prge_lib.experiments.stats`); systems claims compare a measured ratio with a stated threshold.
+"""
+from __future__ import annotations
+
+import math
+
+from prge_lib.common.paths import RESULTS
+from prge_lib.experiments import stats
+from prge_lib.experiments.summaries import runs_of
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+# a parameter space is "as accurate" as LoRA-FA when the 95% interval of the difference lies within this many
+# points: Gao et al. (arXiv) Table 7's four spaces span 1.1 points, and three such spans are allowed
+EQUIVALENCE_POINTS = 3.0
+
+
+def row(claim: str, source: str, paper: str, book: str, verdict: str, test: str) -> dict:
+    """One line of a verdict table."""
+    if verdict not in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE):
+        raise ValueError(f"verdict {verdict!r} is not one of {REPRODUCED!r}, {NOT_REPRODUCED!r}, {INCONCLUSIVE!r}")
+    return {"claim": claim, "source": source, "paper": paper, "book": book, "verdict": verdict, "test": test}
+
+
+def seed_test(a: dict, b: dict, grid_a: str = "table1", grid_b: str | None = None, results=RESULTS) -> dict:
+    """:func:`stats.compare_rows` of two summary records, each with the runs of its own grid."""
+    return stats.compare_rows(a, runs_of(grid_a, a["task"], a["row"], a["lr"], results),
+                              b, runs_of(grid_b or grid_a, b["task"], b["row"], b["lr"], results))
+
+
+def _untrained(*records: dict) -> list[str]:
+    return [r["label"] for r in records if r.get("trained") is False]
+
+
+def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | None, a: dict | None,
+             b: dict | None, result: dict | None) -> dict:
+    """Verdict on "row a scores above (or below) row b", the paper's scores ``paper_a``, ``paper_b`` (None where
+    the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
+    difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
+    finds none, cannot test (one seed), or a row never trained."""
+    if paper_a is None or paper_b is None:
+        paper, paper_gap = "a above b in a figure (no numbers in the text)", 1.0
+    else:
+        paper, paper_gap = f"{paper_a:.1f} vs {paper_b:.1f} ({paper_a - paper_b:+.1f})", paper_a - paper_b
+    if not (a and b and result):
+        return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
+    book = f"{a['test_mean']:.1f} vs {b['test_mean']:.1f} ({result['difference']:+.1f})"
+    stalled = _untrained(a, b)
+    if stalled:
+        return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
+    test = stats.describe(result)
+    if result["verdict"] != stats.DIFFERENCE:
+        return row(claim, source, paper, book, INCONCLUSIVE, test)
+    same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_gap)
+    return row(claim, source, paper, book, REPRODUCED if same_sign else NOT_REPRODUCED, test)
+
+
+def equivalence(claim: str, source: str, paper: str, reference: dict | None, others: list[tuple[dict, dict]],
+                margin: float = EQUIVALENCE_POINTS) -> dict:
+    """Verdict on "these rows are as accurate as ``reference``": ``others`` holds (record, test against the
+    reference) pairs. REPRODUCED when every test's 95% interval lies within ± ``margin`` points, NOT_REPRODUCED
+    when a test finds a difference larger than ``margin``, INCONCLUSIVE otherwise (untested, too wide, or a row
+    that never trained)."""
+    if not reference or not others:
+        return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
+    book = ", ".join(f"{r['label']} {r['test_mean']:.1f}" for r in (reference, *(o for o, _ in others)))
+    stalled = _untrained(reference, *(o for o, _ in others))
+    if stalled:
+        return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
+    tests = "; ".join(f"{o['label']}: {stats.describe(t)}" for o, t in others)
+    if any(t["verdict"] == stats.DIFFERENCE and abs(t["difference"]) > margin for _, t in others):
+        return row(claim, source, paper, book, NOT_REPRODUCED, f"{tests} (margin ± {margin:g} points)")
+    inside = all(t["ci"] and -margin <= t["ci"][0] and t["ci"][1] <= margin for _, t in others)
+    return row(claim, source, paper, book, REPRODUCED if inside else INCONCLUSIVE,
+               f"{tests} (95% intervals within ± {margin:g} points needed)")
+
+
+def threshold(claim: str, source: str, paper_value: float | str | None, ours: float | None, *,
+              at_least: float | None = None, at_most: float | None = None, what: str = "ratio") -> dict:
+    """Verdict on a systems claim: ``ours`` (a ratio measured here) must be at least ``at_least`` and/or at most
+    ``at_most``; the paper's own value (or its words, where it gives no ratio) stands beside it. INCONCLUSIVE
+    while not measured."""
+    if at_least is None and at_most is None:
+        raise ValueError("a threshold claim needs at_least or at_most")
+    bounds = " and ".join(b for b in ((f"≥ {at_least:g}" if at_least is not None else ""),
+                                      (f"≤ {at_most:g}" if at_most is not None else "")) if b)
+    paper = ("no figure in the text" if paper_value is None else paper_value if isinstance(paper_value, str)
+             else f"{what} {paper_value:.2f}")
+    if ours is None or (isinstance(ours, float) and math.isnan(ours)):
+        return row(claim, source, paper, "not measured yet", INCONCLUSIVE, f"{what} {bounds} needed")
+    ok = (at_least is None or ours >= at_least) and (at_most is None or ours <= at_most)
+    return row(claim, source, paper, f"{what} {ours:.2f}", REPRODUCED if ok else NOT_REPRODUCED,
+               f"{what} {ours:.2f}, {bounds} needed")
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    """How many rows carry each verdict word."""
+    return {word: sum(r["verdict"] == word for r in rows) for word in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}

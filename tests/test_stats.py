@@ -1,0 +1,72 @@
+"""Known answers for prge_lib.experiments.stats: closed forms of the t distribution, Student's sleep data
+(paired and Welch, the textbook example every statistics package documents), Welch's df by hand."""
+import math
+
+import pytest
+
+from prge_lib.experiments import stats
+
+
+def test_t_distribution_against_closed_forms():
+    # df = 1 is Cauchy: P(T > t) = 1/2 - atan(t)/pi; df = 2: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2
+    for t in (-3.0, -0.4, 0.0, 0.7, 2.5, 40.0):
+        assert stats.t_sf(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, abs=1e-12)
+        assert stats.t_sf(t, 2) == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2, abs=1e-12)
+    # large df tends to the normal: P(Z > 1.96) = 0.0249979
+    assert stats.t_sf(1.96, 1e7) == pytest.approx(0.0249979, abs=1e-6)
+    # df = 2 quantile: t = (2p - 1) sqrt(2 / (4p(1 - p))); p = 0.975 gives 0.95 * sqrt(2 / 0.0975) = 4.302653
+    assert stats.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert stats.t_quantile(0.025, 2) == pytest.approx(-4.302653, abs=1e-6)
+    assert stats.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-6)     # printed t tables: 2.262
+    with pytest.raises(ValueError, match="degrees of freedom must be positive, got 0"):
+        stats.t_sf(1.0, 0)
+
+
+# Student (1908), hours of extra sleep under two drugs, the same ten patients
+SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+
+
+def test_paired_t_on_students_sleep_data():
+    # differences 1.2 2.4 1.3 1.3 0 1.0 1.8 0.8 4.6 1.4: mean 1.58, sd 1.2300, se 0.38897, t = 4.0621 on 9 df,
+    # p = 0.002833, CI 1.58 ± 2.262157 * 0.38897 = [0.7001, 2.4599]
+    r = stats.paired(SLEEP_2, SLEEP_1)
+    assert r["difference"] == pytest.approx(1.58)
+    assert r["statistic"] == pytest.approx(4.0621, abs=1e-4) and r["df"] == 9
+    assert r["p"] == pytest.approx(0.002833, abs=1e-6)
+    assert r["ci"] == pytest.approx((0.7001142, 2.4598858), abs=1e-6)
+    lo, hi = r["bootstrap_ci"]                                 # ten seeds: the bootstrap interval is there
+    assert lo < 1.58 < hi and 0.5 < lo and hi < 2.8
+
+
+def test_welch_on_students_sleep_data_and_df_by_hand():
+    # the same data as two independent groups: t = 1.8608, df = 17.776, p = 0.07939, CI [-0.2055, 3.3655]
+    r = stats.welch(SLEEP_2, SLEEP_1)
+    assert r["statistic"] == pytest.approx(1.8608, abs=1e-4)
+    assert r["df"] == pytest.approx(17.776, abs=1e-3) and r["p"] == pytest.approx(0.07939, abs=1e-5)
+    assert r["ci"] == pytest.approx((-0.2054832, 3.3654832), abs=1e-6)
+    # a = 1 2 3 (variance 1), b = 2 4 6 8 (variance 20/3): s_a^2/n_a = 1/3, s_b^2/n_b = 5/3, sum 2;
+    # df = 2^2 / ((1/3)^2/2 + (5/3)^2/3) = 4 / (1/18 + 25/27) = 4 * 54/53 = 216/53
+    assert stats.welch([1, 2, 3], [2, 4, 6, 8])["df"] == pytest.approx(216 / 53)
+
+
+def test_compare_scores_picks_the_test_and_the_word():
+    same = stats.compare_scores({0: 74.2, 1: 73.5, 2: 74.0}, {0: 77.1, 1: 66.1, 2: 74.5})
+    assert same["test"] == "paired t" and same["df"] == 2 and same["verdict"] == stats.NO_DIFFERENCE
+    # differences 10, 11, 12: mean 11, sd 1, t = 11 sqrt(3) = 19.05 on 2 df, p = 1 - 19.05/sqrt(19.05^2 + 2) = 0.0027
+    clear = stats.compare_scores({0: 80, 1: 81, 2: 82}, {0: 70, 1: 70, 2: 70})
+    assert clear["statistic"] == pytest.approx(11 * math.sqrt(3))
+    assert clear["p"] == pytest.approx(1 - 11 * math.sqrt(3) / math.sqrt(363 + 2)) and clear["verdict"] == stats.DIFFERENCE
+    other_seeds = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71})
+    assert other_seeds["test"] == "Welch t" and other_seeds["verdict"] == stats.DIFFERENCE
+    one = stats.compare_scores({0: 80}, {0: 70, 1: 71, 2: 72})
+    assert one["verdict"] == stats.UNTESTED and one["p"] is None and one["difference"] == pytest.approx(9)
+    # identical differences: a zero standard error, the difference is certain
+    assert stats.compare_scores({0: 2, 1: 3}, {0: 1, 1: 2})["p"] == 0.0
+    assert "p = " in stats.describe(same) and stats.describe(one).endswith(stats.UNTESTED)
+
+
+def test_bootstrap_enumerates_small_samples():
+    # n = 3: 27 equally likely resamples; their means run from 0 to 3, the 2.5% and 97.5% points are 0 and 3
+    assert stats.bootstrap_interval([0.0, 1.5, 3.0]) == (0.0, 3.0)
+    assert stats.paired([1, 2, 3], [0, 0, 0])["bootstrap_ci"] is None     # fewer than BOOTSTRAP_MIN_N seeds

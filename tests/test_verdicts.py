@@ -1,0 +1,54 @@
+"""prge_lib.experiments.verdicts on small synthetic records: each verdict word from the test that gives it."""
+import pytest
+
+from prge_lib.experiments import stats, verdicts
+
+
+def record(label, mean, trained=True):
+    return {"label": label, "test_mean": mean, "trained": trained}
+
+
+CLAIM = ("P-RGE above MeZO (LoRA-FA)", "Gao et al. (arXiv) Table 1")
+
+
+def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
+    a, b = record("P-RGE", 80.0), record("MeZO", 70.0)
+    clear = stats.compare_scores({0: 80, 1: 81, 2: 79}, {0: 70, 1: 71, 2: 69})       # p = 0 (same differences)
+    assert verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, clear)["verdict"] == verdicts.REPRODUCED
+    assert verdicts.ordering(*CLAIM, 87.5, 89.1, a, b, clear)["verdict"] == verdicts.NOT_REPRODUCED
+    noisy = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69})
+    got = verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, noisy)
+    assert got["verdict"] == verdicts.INCONCLUSIVE and "paired t(2)" in got["test"] and got["paper"] == "89.1 vs 87.5 (+1.6)"
+    one = stats.compare_scores({0: 80}, {0: 70})
+    assert verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, one)["test"].endswith(stats.UNTESTED)
+    stalled = verdicts.ordering(*CLAIM, 89.1, 87.5, a, record("MeZO", 70.0, trained=False), clear)
+    assert stalled["verdict"] == verdicts.INCONCLUSIVE and stalled["test"] == "did not train: MeZO"
+    assert verdicts.ordering(*CLAIM, 89.1, 87.5, None, b, None)["book"] == "not run yet"
+    figure_only = verdicts.ordering(*CLAIM, None, None, a, b, clear)      # the paper's ordering from a figure: a above b
+    assert figure_only["verdict"] == verdicts.REPRODUCED and "no numbers in the text" in figure_only["paper"]
+
+
+def test_equivalence_needs_every_interval_inside_the_margin():
+    ref = record("LoRA-FA", 70.0)
+    tight = stats.compare_scores({0: 70.5, 1: 71.0, 2: 70.0}, {0: 70.0, 1: 70.4, 2: 69.6})   # CI about ± 0.3
+    wide = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69})
+    far = stats.compare_scores({0: 60, 1: 61, 2: 59}, {0: 70, 1: 71, 2: 69})                # -10, certain
+    check = lambda *others: verdicts.equivalence("spaces alike", "Table 7", "1.1-point span", ref,
+                                                 [(record("DoRA", 70.5), t) for t in others])["verdict"]
+    assert check(tight) == verdicts.REPRODUCED
+    assert check(tight, wide) == verdicts.INCONCLUSIVE
+    assert check(tight, far) == verdicts.NOT_REPRODUCED
+    assert check(stats.compare_scores({0: 70}, {0: 70})) == verdicts.INCONCLUSIVE
+
+
+def test_threshold_claims_compare_the_measured_ratio_with_its_bound():
+    flat = verdicts.threshold("flat in q", "Table 8", 1.06, 1.12, at_most=1.25, what="q 16 ÷ q 1")
+    assert flat["verdict"] == verdicts.REPRODUCED and flat["test"] == "q 16 ÷ q 1 1.12, ≤ 1.25 needed"
+    assert verdicts.threshold("inner pays", "Table 12", 1.53, 1.02, at_least=1.1)["verdict"] == verdicts.NOT_REPRODUCED
+    assert verdicts.threshold("inner pays", "Table 12", 1.53, None, at_least=1.1)["verdict"] == verdicts.INCONCLUSIVE
+    with pytest.raises(ValueError, match="needs at_least or at_most"):
+        verdicts.threshold("x", "y", 1.0, 1.0)
+    with pytest.raises(ValueError, match="verdict 'maybe' is not one of"):
+        verdicts.row("x", "y", "p", "b", "maybe", "t")
+    rows = [flat, verdicts.threshold("x", "y", None, None, at_least=1)]
+    assert verdicts.counts(rows) == {"reproduced": 1, "not reproduced": 0, "inconclusive": 1}
