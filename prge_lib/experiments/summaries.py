@@ -182,6 +182,8 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
+            "gpu_noise": "+".join(sorted({(r.get("config") or {}).get("noise") or "torch" for r in runs
+                                          if device_of(r) == "cuda"})) or None,
             "trained": None if zero_shot or None in moved else any(moved),
             "majority": _majority(runs),
         })
@@ -309,7 +311,7 @@ def summary_markdown(records: list[dict]) -> str:
     gpu = [r for r in records if r.get("device", "cpu") != "cpu"]
     if gpu:
         # before the counter generator became the GPU's default, GPU runs drew from torch's CUDA generator
-        sources = sorted({(r.get("config") or {}).get("noise") or "torch" for r in gpu}, reverse=True)
+        sources = sorted({s for r in gpu for s in (r.get("gpu_noise") or "torch").split("+")}, reverse=True)
         named = {"torch": "torch's CUDA generator", "counter": "the counter generator (the z of a CPU run with "
                  "--noise counter)"}
         lines.append("")
