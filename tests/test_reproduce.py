@@ -249,7 +249,7 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
         point = {"step": 10, "val": val, "test": test}
         return {"kind": "train", "task": "sst2", "method": "prge", "seed": seed, "steps": 2,
                 "config": {"task": "sst2", "seed": seed, "lr": lr}, "best_val": point, "final": point,
-                "evals": [point], "losses": [1.0, 0.5], "step_time_s": {"median": 60.0, "per_step": [60.0, 60.0]},
+                "evals": [point], "losses": [1.0, 0.5], "step_s": {"median": 60.0, "per_step": [60.0, 60.0]},
                 "cell": {"row": row, "lr": lr}, "provenance": {"command": "x", "commit": None, "versions": {},
                                                               "hardware": {}, "wall_time_s": 1.0}}
     folder = tmp_path / "table1" / "sst2"
@@ -329,8 +329,8 @@ def test_checkpoints_default_to_the_cache_folder_outside_the_clone(monkeypatch, 
 
 
 def test_training_seconds_takes_out_a_pause():
-    steady = {"step_time_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
-    paused = {"step_time_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
+    steady = {"step_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
+    paused = {"step_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
     assert rp.training_seconds(steady) == 10.0
     assert rp.training_seconds(paused) == 12.5                               # the paused step counts as the median
     assert rp.training_seconds({"method": "zeroshot"}) is None

@@ -43,7 +43,7 @@ def run_device_train(args) -> int:
                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                               resume=args.resume, restart=args.restart, save_adapter_to=args.save_adapter,
                               host=args.host, **sizes)
-    result["provenance"] = provenance(time.perf_counter() - start)
+    result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
     if args.check_eager:
         print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
@@ -51,7 +51,7 @@ def run_device_train(args) -> int:
     best, host = result["best_val"], result["host"]
     print(f"{result['title']} in the runtime, {args.host} host ({host['machine']}"
           f"{', emulated' if host['emulated'] else ''}): {len(result['losses'])} steps, median "
-          f"{result['step_time_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib'] or float('nan'):.0f} MiB; "
+          f"{result['step_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib'] or float('nan'):.0f} MiB; "
           f"validation {100 * result['evals'][0]['val']:.1f} at "
           f"step {result['evals'][0]['step']} -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")
@@ -70,10 +70,10 @@ def run_device_bench(args) -> int:
               **compare(args.pte, args.repeats, args.warmup)}
     if args.profile:
         result["profile"] = profile(args.pte)
-    result["provenance"] = provenance(time.perf_counter() - start)
+    result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
     rt, eg = result["runtime"], result["eager"]
-    print(f"step: runtime {rt['median_s']:.3f} s, eager {eg['median_s']:.3f} s "
+    print(f"step: runtime {rt['step_s']['median']:.3f} s, eager {eg['step_s']['median']:.3f} s "
           f"(eager/runtime {result['eager_over_runtime']:.2f}); resident after loading: runtime "
           f"{rt['resident_after_first_step_mib']:.0f} MiB, eager {eg['resident_after_first_step_mib']:.0f} MiB "
           f"-> {args.out}")

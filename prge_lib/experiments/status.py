@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell
-from prge_lib.experiments.estimates import device_kind, estimate_seconds, pack_step_share
+from prge_lib.experiments.estimates import device_kind, estimate_seconds, pack_step_share, step_basis
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
 from prge_lib.experiments.results import ResultFileError, result_differs
@@ -65,6 +65,9 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     basis = ("benchmark cells alone on an idle machine" if all(c.kind == "bench" for c in cells) else
              "training cells at 1 torch thread each; two side by side on a 2-core CPU take about half as long")
     lines.append(f"{done}/{len(cells)} done; about {_hours(left)} left ({basis})")
+    training = [cell.config() for cell in todo if cell.kind == "train"]
+    if training:
+        lines.append(step_basis(training))
     for device, (_, how) in shares.items():
         count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in todo)
         lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")
