@@ -156,3 +156,27 @@ def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "+dirty"
+
+
+def test_export_options_have_the_defaults_of_train_config(capsys):
+    """`prge export` shares its settings with TrainConfig: the same defaults, and where TrainConfig leaves a
+    setting to the method, P-RGE's resolved value; `--help` shows each."""
+    import dataclasses
+
+    from prge_lib.cli.device import EXPORT_SETTINGS
+    from prge_lib.cli.main import build_parser
+    from prge_lib.training.config import TrainConfig
+
+    args = build_parser("export").parse_args(["export", "--task", "sst2", "--out", "step.pte"])
+    declared = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    resolved = dataclasses.asdict(TrainConfig(task="sst2", method="prge").resolved())
+    for name in EXPORT_SETTINGS:
+        expected = declared[name] if declared[name] is not None or name in ("layers", "model") else resolved[name]
+        assert getattr(args, name) == (expected if name != "task" else "sst2"), name
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in ("q", "E", "r", "alpha", "seed", "dtype"):
+        value = getattr(args, name)
+        assert f"--{name} " in shown and f"(default {value}" in shown, name
+    assert f"(default{','.join(declared['targets'])})" in shown.replace(" ", "")     # wrapped: spaces inside
