@@ -29,7 +29,8 @@ from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, EVAL_EVERY
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
-                                          read_result, result_differs, validate_result)
+                                          read_if_present, read_result, result_differs,
+                                          validate_result)
 from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, run_cell, run_grid, run_pack
 from prge_lib.experiments.status import cell_status, list_cells
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, load_results, runs_of,
@@ -46,7 +47,7 @@ __all__ = [
     "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs",
-    "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_result", "result_differs",
+    "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells",
