@@ -14,7 +14,8 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import configurations
-from prge_lib.experiments.cells import Cell
+from prge_lib.experiments.cells import Cell, grid_folder
+from prge_lib.experiments.grids import GRIDS
 from prge_lib.experiments.results import read_if_present
 from prge_lib.methods import registry
 
@@ -99,11 +100,11 @@ def _at_reference_batch(config: dict) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int]]:
-    """{:func:`rate_key`: (median seconds per step, cells measured)} over the committed training cells under
-    ``results`` that price a step: SST-2, on the CPU at 1 torch thread, not packed, not in an exported program, at
-    the method's Table 1 batch (``step_s.median`` of each, the median over them)."""
+    """{:func:`rate_key`: (median seconds per step, runs measured)} over the committed training runs in the grids'
+    folders under ``results`` (cpu profile) that price a step: SST-2, on the CPU at 1 torch thread, not packed, not
+    in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them)."""
     steps: dict[str, list[float]] = {}
-    for path in sorted(Path(results).rglob("*.json")):
+    for path in sorted(p for grid in GRIDS for p in (Path(results) / grid_folder(grid, "cpu")).rglob("*.json")):
         try:
             result = read_if_present(path)
             config, hardware = result["config"], result["provenance"]["hardware"]
