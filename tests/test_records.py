@@ -147,3 +147,22 @@ def test_each_result_records_the_command_that_wrote_it(fixture_data, tiny_folder
                         f"prge zeroshot --task sst2 --n 6 --model {tiny_folder} --out {second}"]
     from prge_lib.common.provenance import provenance
     assert provenance(1.0, "prge train --task rte")["command"] == "prge train --task rte"     # as given
+
+
+def test_summary_rows_are_the_declared_type():
+    """Every grid summary row has exactly SummaryRow's fields, of its types, in the committed CSV's column order."""
+    import csv
+    import typing
+
+    from prge_lib.experiments.summary_row import SummaryRow
+
+    schema = json_schema(SummaryRow)
+    fields = list(typing.get_type_hints(SummaryRow))
+    for grid in ("table1", "peft", "alternatives"):
+        rows = rp.summarize(grid)
+        assert rows, grid
+        for row in rows:
+            assert list(row) == fields, grid
+            jsonschema.validate(row, schema)
+        with open(RESULTS / grid / "summary.csv") as f:
+            assert next(csv.reader(f)) == fields
