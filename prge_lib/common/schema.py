@@ -45,7 +45,6 @@ def json_schema(tp: Any) -> dict:
     if tp is Any:
         return {}
     if tp in _SCALARS:
-        # JSON has no integer type of its own: an integral float (3.0) is no integer here, 3 is a number
         return {"type": _SCALARS[tp]}
     if origin is Literal:
         values = get_args(tp)

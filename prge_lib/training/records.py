@@ -1,6 +1,6 @@
 """The records the library writes as result files, declared once as types (chapters 0, 5, 7): a training run
-(:class:`TrainRecord`: finished or diverged), a zero-shot evaluation (:class:`ZeroShotRecord`) and a grid's
-benchmark cell (:class:`BenchRecord`). ``prge_lib.experiments.results`` validates result files against the JSON
+(:class:`TrainRecord`: finished or diverged), a zero-shot evaluation (:class:`ZeroShotRecord`) and a benchmark
+(:class:`BenchRecord`); a grid summary's row is ``prge_lib.experiments.summary_row.SummaryRow``. ``prge_lib.experiments.results`` validates result files against the JSON
 schemas read off these types (:func:`prge_lib.common.schema.json_schema`), so the two cannot disagree.
 
 The builders here are the only places these records are put together (:func:`diverged_record`,
