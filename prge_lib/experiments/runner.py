@@ -177,8 +177,7 @@ def _run_zeroshot(cell: Cell) -> dict:
     model, tokenizer = load_model(c.get("model"), device=c.get("device", "cpu"))
     val = zero_shot(task, model, tokenizer, data.val)["value"]
     record = zero_shot_record(task, data.test, zero_shot(task, model, tokenizer, data.test),
-                              model=c.get("model") or EMBEDDED_MODEL, seed=c["seed"], data_notes=data.notes,
-                              dtype=c.get("dtype", "fp32"), quant=c.get("quant") or "none")
+                              model=c.get("model") or EMBEDDED_MODEL, seed=c["seed"], data_notes=data.notes)
     return zero_shot_run(record, val, c, data.sizes())
 
 

@@ -27,10 +27,10 @@ from prge_lib.common.provenance import provenance, start_commit, write_result
 from prge_lib.data.splits import TaskData
 from prge_lib.methods import registry
 from prge_lib.models.loading import load_model, truncate_layers
-from prge_lib.training.records import diverged_record, finished_record
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import check_checkpoint_folder
 from prge_lib.training.config import TrainConfig
+from prge_lib.training.records import diverged_record, finished_record
 from prge_lib.training.trainer import Trainer, TrainingDiverged
 from prge_lib.zo.packing import build_pack
 
