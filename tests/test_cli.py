@@ -50,7 +50,7 @@ def test_train_writes_result_adapter_and_resumes(fixture_data, tiny_folder, tmp_
     assert result["status"] == "finished" and result["steps"] == 4 and len(result["losses"]) == 4
     assert result["config"]["q"] == 2 and result["config"]["lr"] == 1e-3 and result["config"]["outer"] is True
     assert result["provenance"]["command"].startswith("prge train --task sst2 --method prge")
-    assert {"best_val", "final", "evals", "step_time_s", "data_notes"} <= set(result)
+    assert {"best_val", "final", "evals", "step_s", "data_notes"} <= set(result)
     from prge_lib.zo.lora import read_adapter
     assert len(read_adapter(adapter)) == 2 * 2 * 7
 
@@ -73,11 +73,11 @@ def test_bench_reports_times_memory_and_ratios(tiny_folder, tmp_path):
     assert result["configs"]["prge"]["forwards_per_step"] == 1 and result["configs"]["mezo"]["forwards_per_step"] == 2
     configs, floor, ratios = result["configs"], result["floor"], result["ratios"]
     for c in configs.values():                      # each median is that of the recorded per-step times
-        assert len(c["times_s"]) == 2 and c["median_s"] == statistics.median(c["times_s"])
+        assert len(c["step_s"]["per_step"]) == 2 and c["step_s"]["median"] == statistics.median(c["step_s"]["per_step"])
     assert floor == {k: statistics.median(f[k] for f in result["floor_rounds"]) for k in floor}
     # the ratios are those of the recorded medians (2E = 8 rows for the forward floor)
-    assert ratios["prge_over_forward_2E"] == configs["prge"]["median_s"] / floor["forward_8_rows_s"]
-    assert ratios["mezo_over_prge"] == configs["mezo"]["median_s"] / configs["prge"]["median_s"]
+    assert ratios["prge_over_forward_2E"] == configs["prge"]["step_s"]["median"] / floor["forward_8_rows_s"]
+    assert ratios["mezo_over_prge"] == configs["mezo"]["step_s"]["median"] / configs["prge"]["step_s"]["median"]
     assert ratios["mezo_structural_limit"] == 1 + 4 * floor["perturb_pass_s"] / floor["forward_8_rows_s"]
     assert result["provenance"]["wall_time_s"] > 0
     assert main(["bench", "--method", "nope", "--out", str(out)]) == 2
@@ -156,3 +156,27 @@ def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "+dirty"
+
+
+def test_export_options_have_the_defaults_of_train_config(capsys):
+    """`prge export` shares its settings with TrainConfig: the same defaults, and where TrainConfig leaves a
+    setting to the method, P-RGE's resolved value; `--help` shows each."""
+    import dataclasses
+
+    from prge_lib.cli.device import EXPORT_SETTINGS
+    from prge_lib.cli.main import build_parser
+    from prge_lib.training.config import TrainConfig
+
+    args = build_parser("export").parse_args(["export", "--task", "sst2", "--out", "step.pte"])
+    declared = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    resolved = dataclasses.asdict(TrainConfig(task="sst2", method="prge").resolved())
+    for name in EXPORT_SETTINGS:
+        expected = declared[name] if declared[name] is not None or name in ("layers", "model") else resolved[name]
+        assert getattr(args, name) == (expected if name != "task" else "sst2"), name
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in ("q", "E", "r", "alpha", "seed", "dtype"):
+        value = getattr(args, name)
+        assert f"--{name} " in shown and f"(default {value}" in shown, name
+    assert f"(default{','.join(declared['targets'])})" in shown.replace(" ", "")     # wrapped: spaces inside

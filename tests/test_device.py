@@ -173,10 +173,10 @@ def test_device_bench_compares_runtime_and_eager(tiny_xnnpack_program, tmp_path)
     result = json.loads(out.read_text())
     for side in ("runtime", "eager"):
         r = result[side]
-        assert len(r["step_s"]) == 2 and r["median_s"] > 0 and r["load_s"] > 0
+        assert len(r["step_s"]["per_step"]) == 2 and r["step_s"]["median"] > 0 and r["load_s"] > 0
         assert r["resident_after_first_step_mib"] > r["resident_before_load_mib"] > 0
-        assert r["median_s"] == statistics.median(r["step_s"])          # the median of the timed steps
-    assert result["eager_over_runtime"] == pytest.approx(result["eager"]["median_s"] / result["runtime"]["median_s"])
+        assert r["step_s"]["median"] == statistics.median(r["step_s"]["per_step"])     # the median of the timed steps
+    assert result["eager_over_runtime"] == pytest.approx(result["eager"]["step_s"]["median"] / result["runtime"]["step_s"]["median"])
     profile = result["profile"]
     assert profile["delegated_ms"] > 0 and profile["portable_ms"] > 0       # XNNPACK took part, not all
     assert any(name.startswith("bitwise") for name in profile["portable_top"])   # the generator: portable

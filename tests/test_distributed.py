@@ -194,4 +194,4 @@ def test_a_diverging_run_exits_3_with_rank_0s_partial_result(fixture_data, tiny_
                      "--out", str(out)])
     assert code == 3                  # the worker's own status, through the launcher
     result = json.loads(out.read_text())
-    assert result["status"] == "diverged" and result["steps"] == 1 and "not finite" in result["error"]
+    assert result["status"] == "diverged" and result["steps"] == 1 and "not finite" in result["diverged"]

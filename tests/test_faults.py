@@ -42,7 +42,7 @@ def _train_result(cell: rp.Cell, **changes) -> dict:
     """A well-formed result of ``cell`` (one step), as a training cell would write it."""
     result = {"kind": "train", "task": cell.task, "method": cell.row.method, "seed": cell.seed,
               "config": dict(cell.config()), "steps": 1, "best_val": _point(), "final": _point(),
-              "evals": [_point()], "losses": [1.0], "step_time_s": {"median": 1.0, "per_step": [1.0]},
+              "evals": [_point()], "losses": [1.0], "step_s": {"median": 1.0, "per_step": [1.0]},
               "cell": {"row": cell.row.key, "lr": cell.lr},
               "provenance": {"command": "x", "commit": None, "versions": {}, "hardware": {}, "wall_time_s": 1.0}}
     result.update(changes)

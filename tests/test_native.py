@@ -63,7 +63,7 @@ def test_native_host_matches_eager_and_continues_from_a_saved_adapter(fixture_da
                  "--out", str(out), *TRAIN]) == 0
     result = json.loads(out.read_text())
     assert result["parity"]["steps"] == 5 and result["parity"]["max_rel_loss_diff"] <= 1e-4
-    assert len(set(result["losses"])) > 1 and len(result["step_time_s"]["per_step"]) == 5
+    assert len(set(result["losses"])) > 1 and len(result["step_s"]["per_step"]) == 5
     host = result["host"]
     assert host["name"] == "native" and not host["emulated"] and host["peak_resident_mib"] > 0
     assert host["resident_after_first_step_mib"] > 0 and "provenance" in result

@@ -60,7 +60,7 @@ def _write(cell, root, val, test=0.6, device=None):
     config = dict(cell.config(), **({"device": device} if device else {}))
     result = {"kind": "train", "task": cell.task, "method": config["method"], "seed": cell.seed, "steps": 2,
               "config": config, "best_val": point, "final": point, "evals": [point], "losses": [1.0, 0.9],
-              "step_time_s": {"median": 0.1, "per_step": [0.1, 0.1]}, "elapsed_s": {"train_s": 0.2, "eval_s": 0.5},
+              "step_s": {"median": 0.1, "per_step": [0.1, 0.1]}, "elapsed_s": {"train_s": 0.2, "eval_s": 0.5},
               "cell": {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
                        "lr": cell.lr},
               "provenance": {"command": cell.command(), "commit": None, "versions": {}, "hardware": {},
@@ -128,7 +128,7 @@ def test_list_prices_another_device_from_its_results_or_says_it_cannot(tmp_path,
     done = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0")[0]
     _write(done, tmp_path, 0.7, device="cuda")
     result = json.loads(done.result_path(tmp_path).read_text())
-    result["step_time_s"]["median"] = 0.1 * rp.step_seconds("sst2", done.config())
+    result["step_s"]["median"] = 0.1 * rp.step_seconds("sst2", done.config())
     done.result_path(tmp_path).write_text(json.dumps(result))
     shares = rp.device_shares("cuda", tmp_path)
     assert shares["steps"]["prge"] == pytest.approx(0.1) and shares["any"] == pytest.approx(0.1)

@@ -76,7 +76,8 @@ def test_training_estimates_follow_the_padded_prompt_length(tmp_path):
     lora = rp.grid_cells("peft", only="mezo-lora_")[0]
     vera = rp.grid_cells("peft", only="mezo-vera_")[0]
     assert rp.estimate_seconds(lora, 1000) < est["sst2/mezo-E16_lr1e-6_seed0"] < rp.estimate_seconds(vera, 1000)
-    assert rp.list_cells([lora], tmp_path, tmp_path).splitlines()[-1].startswith("0/1 done; about ")   # not run there
+    *_, done, basis = rp.list_cells([lora], tmp_path, tmp_path).splitlines()        # not run there
+    assert done.startswith("0/1 done; about ") and basis.endswith("mezo:lora 2.9 s (2)")
 
 
 @pytest.mark.parametrize("call,message", [
@@ -249,7 +250,7 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
         point = {"step": 10, "val": val, "test": test}
         return {"kind": "train", "task": "sst2", "method": "prge", "seed": seed, "steps": 2,
                 "config": {"task": "sst2", "seed": seed, "lr": lr}, "best_val": point, "final": point,
-                "evals": [point], "losses": [1.0, 0.5], "step_time_s": {"median": 60.0, "per_step": [60.0, 60.0]},
+                "evals": [point], "losses": [1.0, 0.5], "step_s": {"median": 60.0, "per_step": [60.0, 60.0]},
                 "cell": {"row": row, "lr": lr}, "provenance": {"command": "x", "commit": None, "versions": {},
                                                               "hardware": {}, "wall_time_s": 1.0}}
     folder = tmp_path / "table1" / "sst2"
@@ -369,8 +370,8 @@ def test_checkpoints_default_to_the_cache_folder_outside_the_clone(monkeypatch, 
 
 
 def test_training_seconds_takes_out_a_pause():
-    steady = {"step_time_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
-    paused = {"step_time_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
+    steady = {"step_s": {"per_step": [2.0, 3.0, 2.5, 2.5]}}
+    paused = {"step_s": {"per_step": [2.0, 3.0, 900.0, 2.5, 2.5]}}     # stopped for 15 min inside step 2
     assert rp.training_seconds(steady) == 10.0
     assert rp.training_seconds(paused) == 12.5                               # the paused step counts as the median
     assert rp.training_seconds({"method": "zeroshot"}) is None
@@ -434,3 +435,20 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--model", str(tiny_folder), *roots]) == 0
     result = json.loads((tmp_path / "res" / "table1" / "sst2" / "zeroshot_seed0.json").read_text())
     assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
+
+
+def test_list_prices_steps_from_the_committed_result_files(monkeypatch):
+    """--list's seconds per step are medians of the committed SST-2 cells' measured steps, and a method without
+    one is priced by the stated assumption, which the listing names."""
+    from prge_lib.experiments import estimates
+
+    prge = [rp.read_result(p)["step_s"]["median"] for p in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json"))]
+    assert len(prge) == 3 and rp.measured_step_seconds()["prge"] == (statistics.median(prge), 3)
+    assert estimates.step_rate({"method": "mezo", "adapter": "vera"}) > estimates.step_rate({"method": "mezo",
+                                                                                              "adapter": "lora"})
+    listing = rp.list_cells(rp.grid_cells("table1", "cpu", only="wnli/prge-q4"), rp.RESULTS)      # not run yet
+    assert "seconds per step measured in committed SST-2 cells" in listing and "prge 2.3 s (3)" in listing
+    monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS: {})
+    assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
+    assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
+                                                   "(no committed cell to measure): prge")

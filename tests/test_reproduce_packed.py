@@ -171,7 +171,7 @@ def test_list_marks_the_cells_priced_as_packed(fixture_data, tiny_folder, tmp_pa
     point = {"step": 4, "val": 0.5, "test": 0.5}
     measured = {"kind": "train", "task": "sst2", "method": "prge", "seed": 0, "config": dict(done.config()),
                 "steps": 4, "best_val": point, "final": point, "evals": [point], "losses": [1.0] * 4,
-                "step_time_s": {"median": 1.5 * solo_step, "per_step": [1.5 * solo_step] * 4},
+                "step_s": {"median": 1.5 * solo_step, "per_step": [1.5 * solo_step] * 4},
                 "packed": {"runs": 3, "index": 0, "name": done.name, "with": []},
                 "provenance": {"command": "x", "commit": None, "versions": {}, "hardware": {}, "wall_time_s": 1.0}}
     done.result_path(tmp_path / "res").parent.mkdir(parents=True)

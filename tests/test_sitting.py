@@ -160,7 +160,7 @@ def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
         dtype, out = argv[argv.index("--dtype") + 1], Path(argv[argv.index("--out") + 1])
         losses, step_s, test = results[dtype]
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"losses": losses, "step_time_s": {"median": step_s},
+        out.write_text(json.dumps({"losses": losses, "step_s": {"median": step_s},
                                    "best_val": {"test": test}, "final": {"test": test - 0.01}}))
         return 0
 

@@ -36,7 +36,7 @@ def run_bench(args) -> int:
                    else "synthetic, full length, no padding",
                    "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
-                   "provenance": provenance(time.perf_counter() - start)})
+                   "provenance": provenance(time.perf_counter() - start, args.command_line)})
     write_result(args.out, result)
     for key, value in result["ratios"].items():
         print(f"{key}: {value:.3f}")
@@ -109,7 +109,7 @@ def run_footprint(args) -> int:
     result = {"kind": "footprint", "methods": methods, "seq_len": args.seq_len, "rows": args.rows,
               "steps": args.steps, "warmup": args.warmup, "model": EMBEDDED,
               "batches": "synthetic, full length, one answer token per row", "configs": rows,
-              "seed": 0, "provenance": provenance(time.perf_counter() - start)}   # synthetic_batch's seed
+              "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)}   # synthetic_batch's seed
     write_result(args.out, result)
     return 0
 

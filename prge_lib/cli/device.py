@@ -6,11 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from prge_lib.cli.common import note
+from prge_lib.cli.common import add_config_options, note
 from prge_lib.common.provenance import check_writable, provenance, write_result
-from prge_lib.data.tasks import TASKS
-from prge_lib.models.options import EMBEDDED
-from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
+from prge_lib.zo.defaults import LORA_R
 
 
 
@@ -19,8 +17,8 @@ def run_export(args) -> int:
 
     record = export_training_program(args.task, args.out, model=args.model, layers=args.layers, q=args.q,
                                      E=args.E, seq_len=args.seq_len, r=args.r, alpha=args.alpha,
-                                     targets=tuple(args.targets.split(",")), seed=args.seed,
-                                     backend=args.backend, dtype=args.dtype)
+                                     targets=tuple(args.targets), seed=args.seed, backend=args.backend,
+                                     dtype=args.dtype, command=args.command_line)
     s = record["settings"]
     print(f"exported the P-RGE step ({s['layers']} layers, q = {s['q']}, {s['rows']} rows of {s['seq_len']} "
           f"tokens, {s['backend']}, {s['dtype']}): export {record['export_s']:.0f} s, lowering {record['lower_s']:.0f} s, "
@@ -43,7 +41,7 @@ def run_device_train(args) -> int:
                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                               resume=args.resume, restart=args.restart, save_adapter_to=args.save_adapter,
                               host=args.host, **sizes)
-    result["provenance"] = provenance(time.perf_counter() - start)
+    result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
     if args.check_eager:
         print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
@@ -51,7 +49,7 @@ def run_device_train(args) -> int:
     best, host = result["best_val"], result["host"]
     print(f"{result['title']} in the runtime, {args.host} host ({host['machine']}"
           f"{', emulated' if host['emulated'] else ''}): {len(result['losses'])} steps, median "
-          f"{result['step_time_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib'] or float('nan'):.0f} MiB; "
+          f"{result['step_s']['median']:.3f} s/step, peak resident {host['peak_resident_mib'] or float('nan'):.0f} MiB; "
           f"validation {100 * result['evals'][0]['val']:.1f} at "
           f"step {result['evals'][0]['step']} -> {100 * best['val']:.1f} at step {best['step']}; "
           f"test {100 * best['test']:.1f} -> {args.out}")
@@ -70,10 +68,10 @@ def run_device_bench(args) -> int:
               **compare(args.pte, args.repeats, args.warmup)}
     if args.profile:
         result["profile"] = profile(args.pte)
-    result["provenance"] = provenance(time.perf_counter() - start)
+    result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
     rt, eg = result["runtime"], result["eager"]
-    print(f"step: runtime {rt['median_s']:.3f} s, eager {eg['median_s']:.3f} s "
+    print(f"step: runtime {rt['step_s']['median']:.3f} s, eager {eg['step_s']['median']:.3f} s "
           f"(eager/runtime {result['eager_over_runtime']:.2f}); resident after loading: runtime "
           f"{rt['resident_after_first_step_mib']:.0f} MiB, eager {eg['resident_after_first_step_mib']:.0f} MiB "
           f"-> {args.out}")
@@ -102,20 +100,19 @@ def run_bundle_build(args) -> int:
     return 0
 
 
+# the settings a program shares with a training run: declared once, in TrainConfig
+EXPORT_SETTINGS = ("task", "model", "layers", "q", "E", "r", "alpha", "targets", "seed", "dtype")
+
+
 def export_options(ex) -> None:
-    ex.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)} (sets the answer width)")
-    ex.add_argument("--model", default=None, help=f"hub id or local folder (default: the embedded {EMBEDDED})")
-    ex.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
-    ex.add_argument("--q", type=int, default=4, help="queries per step")
-    ex.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
-    ex.add_argument("--seq-len", type=int, default=64, help="the program's fixed prompt length")
-    ex.add_argument("--r", type=int, default=LORA_R, help=f"LoRA-FA rank (default {LORA_R})")
-    ex.add_argument("--alpha", type=float, default=LORA_ALPHA, help=f"LoRA alpha (default {LORA_ALPHA})")
-    ex.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projection names")
-    ex.add_argument("--seed", type=int, default=0, help="LoRA-A initialisation and the run's noise seeds")
+    from prge_lib.deploy.export import PROGRAM_DTYPES
+    from prge_lib.methods import registry
+
+    prge = registry.get("prge").defaults        # the program is P-RGE's step: its q and E
+    add_config_options(ex, EXPORT_SETTINGS, defaults={"q": prge["q"], "E": prge["E"], "r": LORA_R},
+                       choices={"dtype": PROGRAM_DTYPES})
+    ex.add_argument("--seq-len", type=int, default=64, help="the program's fixed prompt length (default 64)")
     ex.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
-    ex.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
-                    help="precision of the frozen weights (the adapter and its update stay fp32)")
     ex.add_argument("--out", required=True, help="the .pte to write (its settings go to the .json beside it)")
     ex.set_defaults(run=run_export)
 

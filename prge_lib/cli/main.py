@@ -10,7 +10,7 @@ import sys
 
 from prge_lib.cli import bench, device, reproduce, train
 from prge_lib.cli.common import EXIT_BAD_INPUT
-from prge_lib.common.provenance import check_writable, record_command, start_commit
+from prge_lib.common.provenance import check_writable, start_commit
 from prge_lib.common.settings import fast_mode
 from prge_lib.training.checks import check_numbers
 
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in _subcommands() else None).parse_args(argv)
     args.argv = argv            # what a launcher hands on to the workers it starts (prge train --workers)
-    record_command(shlex.join(["prge", *argv]))
+    # the command each result written by this call records (passed to provenance() by every writer)
+    args.command_line = shlex.join(["prge", *argv])
     start_commit()      # the code this command runs, read before any long work begins
     try:    # every output location and every number is checked before any work starts
         for name, folder in _OUTPUTS.items():

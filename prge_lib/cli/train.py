@@ -19,6 +19,7 @@ def run_zeroshot(args) -> int:
     from prge_lib.training.evaluate import zero_shot
     from prge_lib.models.loading import load_model
     from prge_lib.data.tasks import get_task
+    from prge_lib.training.records import zero_shot_record
 
     task = get_task(args.task)
     seed_everything(args.seed)
@@ -26,22 +27,15 @@ def run_zeroshot(args) -> int:
     data = sample_task(task, seed=args.seed)
     examples = data.test if args.n is None else data.test[:args.n]
     model, tokenizer = load_model(args.model, dtype=args.dtype, quant=args.quant, device=args.device)
-    result = zero_shot(task, model, tokenizer, examples, batch_size=args.batch_size)
+    evaluation = zero_shot(task, model, tokenizer, examples, batch_size=args.batch_size)
     wall = time.perf_counter() - start
-    template = task.prompt(examples[0]) if task.kind != "mch" else " | ".join(
-        c + x for c, x in task.options(examples[0]))
-    output = {
-        "kind": "zeroshot", "task": task.name, "title": task.title, "model": model.name_or_path,
-        "dtype": args.dtype, "quant": args.quant, "split": "test", "seed": args.seed,
-        "metric": result["metric"], "value": result["value"], "n": result["n"],
-        "diagnostics": {k: result[k] for k in ("prediction_share", "auc", "exact_match") if k in result},
-        "template_example": template, "label_words": list(task.label_words),
-        "data_notes": data.notes + ([f"first {args.n} of the {len(data.test)} test examples"] if args.n else []),
-        "predictions": result["predictions"],
-        "provenance": provenance(wall),
-    }
+    output = zero_shot_record(task, examples, evaluation, model=model.name_or_path, seed=args.seed,
+                              data_notes=data.notes + ([f"first {args.n} of the {len(data.test)} test examples"]
+                                                       if args.n else []),
+                              dtype=args.dtype, quant=args.quant)
+    output["provenance"] = provenance(wall, args.command_line)
     write_result(args.out, output)
-    print(f"{task.title}: {result['metric']} = {100 * result['value']:.1f}% on n = {result['n']} "
+    print(f"{task.title}: {output['metric']} = {100 * output['value']:.1f}% on n = {output['n']} "
           f"({model.name_or_path}, {wall:.0f} s) -> {args.out}")
     return 0
 
@@ -51,6 +45,7 @@ def run_train(args) -> int:
     from prge_lib.methods import registry
     from prge_lib.training.checkpoints import CHECKPOINT_NAME, check_checkpoint_folder
     from prge_lib.training.config import TrainConfig
+    from prge_lib.training.records import diverged_record, finished_record
     from prge_lib.training.trainer import Trainer, TrainingDiverged
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
@@ -78,9 +73,11 @@ def run_train(args) -> int:
         if config.program:      # every step in an exported program: the runtime host builds the method
             from prge_lib.deploy.runtime import build_program_method as builder
         trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
-    status, message = "finished", None
+    model = config.model or EMBEDDED
+    message = None
     try:
-        result = trainer.run(resume=args.resume, restart=args.restart)
+        summary = trainer.run(resume=args.resume, restart=args.restart)
+        result = finished_record(summary, model) if summary is not None else None
     except KeyboardInterrupt:
         saved = trainer.checkpoint_path()
         where = f"the last checkpoint ({saved}) is kept: rerun with --resume" if saved and saved.is_file() \
@@ -88,18 +85,16 @@ def run_train(args) -> int:
         print(f"prge: interrupted during step {trainer.step + 1}; {where}", file=sys.stderr)
         return 130
     except TrainingDiverged as err:
-        if getattr(trainer, "rank", 0) != 0:       # a data-parallel worker: rank 0 reports it
+        # written as a grid's diverged cell is: the run as far as it went, evaluated at its last good state (every
+        # data-parallel worker saw the same all-reduced loss and takes part in the summary's last replica check)
+        summary = trainer.summary()
+        if summary is None:         # a data-parallel worker other than rank 0: rank 0 reports it
             return 3
-        status, message = "diverged", str(err)
-        result = {"kind": "train", "task": config.task, "method": config.method, "seed": config.seed,
-                  "config": dataclasses.asdict(trainer.config), "steps": trainer.step, "losses": trainer.history["losses"],
-                  "evals": trainer.history["evals"]}
+        message = str(err)
+        result = diverged_record(summary, err, model)
     if result is None:      # a worker other than rank 0: rank 0 writes the result
         return 0
-    result.update({"status": status, "model": config.model or EMBEDDED,
-                   "provenance": provenance(time.perf_counter() - start)})
-    if message:
-        result["error"] = message
+    result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
     if message:
         print(f"prge: error: {message}; partial result -> {args.out}", file=sys.stderr)
@@ -115,7 +110,7 @@ def run_train(args) -> int:
             save_adapter(trainer.model, args.save_adapter, {"task": config.task, "method": config.method})
     best, final = result["best_val"], result["final"]
     print(f"{result['title']} {config.method}: {len(result['losses'])} steps, median "
-          f"{result['step_time_s']['median']:.3f} s/step; test {100 * best['test']:.1f} at the best validation "
+          f"{result['step_s']['median']:.3f} s/step; test {100 * best['test']:.1f} at the best validation "
           f"step {best['step']} (val {100 * best['val']:.1f}), {100 * final['test']:.1f} at the end -> {args.out}")
     return 0
 

@@ -79,23 +79,15 @@ def start_commit() -> str | None:
     return _COMMIT_AT_START[0]
 
 
-_COMMAND: str | None = None      # the command the user typed, when the CLI ran in-process (record_command)
-
-
-def record_command(command: str | None) -> None:
-    """Remember the command being run (``prge.cli.main`` calls this), so results record ``prge train …``
-    also when ``main()`` runs inside a notebook or a test, where ``sys.argv`` is the host's."""
-    global _COMMAND
-    _COMMAND = command
-
-
 def provenance(wall_time_s: float | None = None, command: str | None = None) -> dict:
     """The provenance block of a result: command line, commit, versions, hardware, time stamp, load.
 
-    ``command`` defaults to the one :func:`record_command` kept, else to this process's arguments.
-    The commit is the one :func:`start_commit` read as the run started."""
+    ``command``: the command that made the result, given by its writer (``prge`` passes the command line it was
+    called with, also when ``main()`` runs inside a notebook or a test, where ``sys.argv`` is the host's; a grid's
+    cell the command that makes it alone); None: this process's arguments. The commit is the one
+    :func:`start_commit` read as the run started."""
     return {
-        "command": command or _COMMAND or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "commit": start_commit(),
         "versions": library_versions(),
         "hardware": hardware(),

@@ -127,9 +127,10 @@ def check_program(pte, say=None) -> dict:
 
 def export_training_program(task: str, out, model: str | None = None, layers: int | None = None, q: int = 4,
                             E: int = 16, seq_len: int = 64, r: int = LORA_R, alpha: float = LORA_ALPHA,
-                            targets=None, seed: int = 0, backend: str = "xnnpack", dtype: str = "fp32") -> dict:
+                            targets=None, seed: int = 0, backend: str = "xnnpack", dtype: str = "fp32",
+                            command: str | None = None) -> dict:
     """Build the P-RGE step for ``task`` on the model, export it to ``out`` (.pte) and write its settings,
-    the export statistics and provenance beside it (:func:`meta_path`). Returns that record.
+    the export statistics and provenance (naming ``command``) beside it (:func:`meta_path`). Returns that record.
 
     ``dtype`` is the frozen weights' precision (fp32 or fp16); the adapter, its noise and the update stay
     fp32 (chapter 10, "fp16 in the program?")."""
@@ -164,6 +165,6 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
                 "outputs": [f"losses (2, {q}) float32: row 0 +eps, row 1 -eps",
                             f"adapter ({sum(step.sizes)},) float32 after the step"]}
     record = {"kind": "program", "seed": seed, "settings": settings, **stats,
-              "provenance": provenance(time.perf_counter() - start)}
+              "provenance": provenance(time.perf_counter() - start, command)}
     write_result(meta_path(out), record)
     return record

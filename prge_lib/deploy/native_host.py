@@ -330,7 +330,7 @@ class NativeTrainer:
             record = step_record(log[t]["losses"], self.method.eps)
             tr.history["losses"].append(record["loss"])
             tr.history["projected_grad"].append(record["projected_grad"])
-            tr.history["step_time_s"].append(round(log[t]["seconds"], 5))
+            tr.history["step_s"].append(round(log[t]["seconds"], 5))
             tr.elapsed["train_s"] += log[t]["seconds"]
         tr.step = step
 

@@ -6,7 +6,6 @@ pack's step, measured where a packed result exists.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import statistics
 from pathlib import Path
@@ -15,18 +14,18 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import configurations
-from prge_lib.experiments.cells import Cell, grid_cells
+from prge_lib.experiments.cells import Cell, grid_cells, grid_folder
+from prge_lib.experiments.grids import GRIDS
+from prge_lib.experiments.results import read_if_present
 from prge_lib.methods import registry
 
-# Seconds per training step of each method on SST-2 at its Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples),
-# at 1 torch thread beside one other run, as the committed cells ran (median ``step_time_s`` of their result
-# files). A step pads every row to the longest prompt of its batch, so --list scales these by that length
-# on the cell's task and batch (:func:`prompt_length_factor`): RTE's steps take about 5x SST-2's.
-SECONDS_PER_STEP = {"fo": 3.2, "fo-lorafa": 1.6, "mezo": 5.3, "mezo-lorafa": 3.0, "prge": 2.3, "senszoq": 3.0,
-                    "mebp": 2.9}
-# MeZO over a peft adapter (the peft grid), per adapter, SST-2, same conditions: the committed cells' median step
-# (VeRA, r = 1024: its lr 1e-3 cell's median step; the rank-1024 projections make a step ~3x LoRA's)
-ADAPTER_SECONDS_PER_STEP = {"lora": 2.9, "lora-fa": 2.8, "dora": 3.6, "vera": 9.0}
+# Seconds per training step of each method come from the committed result files (:func:`measured_step_seconds`):
+# SST-2 cells of the grids at the method's Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples), on the CPU at
+# 1 torch thread beside one other run, as the committed cells ran. A step pads every row to the longest prompt of
+# its batch, so --list scales these by that length on the cell's task and batch (:func:`prompt_length_factor`):
+# RTE's steps take about 5x SST-2's. A method (or MeZO adapter) with no such cell is priced by this assumption,
+# which --list names (:func:`step_basis`); it is no measurement:
+ASSUMED_SECONDS_PER_STEP = 4.0
 EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
@@ -74,8 +73,8 @@ def _longest_prompt(task: str, examples: int) -> float:
 
 def prompt_length_factor(task: str, config: dict) -> float:
     """How much longer a step of ``config`` on ``task`` pads its rows than the same method's SST-2 step at the
-    batch SECONDS_PER_STEP was measured at (1.0 where the task's data cannot be read)."""
-    reference = _batch_examples(registry.get(config["method"]).defaults)     # SECONDS_PER_STEP's batch
+    batch :func:`step_rate` was measured at (1.0 where the task's data cannot be read)."""
+    reference = _batch_examples(registry.get(config["method"]).defaults)     # step_rate's batch
     try:
         return _longest_prompt(task, _batch_examples(config)) / _longest_prompt("sst2", reference)
     except DataUnavailableError:
@@ -91,15 +90,61 @@ def evaluation_factor(task: str) -> float:
     return statistics.mean(lengths) * rows / (statistics.mean(sst2) * sst2_rows)
 
 
+def rate_key(config: dict) -> str:
+    """What a step is priced by: the method, or for MeZO over a peft adapter (the peft grid) ``mezo:<adapter>``
+    (not MeZO on every weight: VeRA's rank-1024 projections make its step ~3x LoRA's)."""
+    adapter = config.get("adapter") or "none"
+    return f"mezo:{adapter}" if config["method"] == "mezo" and adapter != "none" else config["method"]
+
+
+def _at_reference_batch(config: dict) -> bool:
+    """Whether a run's config has its method's Table 1 batch (the registry's defaults), where rates are measured."""
+    defaults = registry.get(config["method"]).defaults
+    return all(config.get(k) == defaults[k] for k in ("E", "q", "batch_size") if k in defaults)
+
+
+@functools.lru_cache(maxsize=None)
+def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int]]:
+    """{:func:`rate_key`: (median seconds per step, runs measured)} over the committed training runs in the grids'
+    folders under ``results`` (cpu profile) that price a step: SST-2, on the CPU at 1 torch thread, not packed, not
+    in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them)."""
+    steps: dict[str, list[float]] = {}
+    for path in sorted(p for grid in GRIDS for p in (Path(results) / grid_folder(grid, "cpu")).rglob("*.json")):
+        try:
+            result = read_if_present(path)
+            config, hardware = result["config"], result["provenance"]["hardware"]
+            median = result["step_s"]["median"]
+        except (OSError, ValueError, KeyError, TypeError):       # not a training result with measured steps
+            continue
+        if (result["task"] != "sst2" or device_kind(config) != "cpu" or "packed" in result
+                or config.get("program") or hardware.get("torch_threads") != 1 or not median
+                or config.get("method") not in registry.names() or not _at_reference_batch(config)):
+            continue
+        steps.setdefault(rate_key(config), []).append(median)
+    return {key: (statistics.median(times), len(times)) for key, times in sorted(steps.items())}
+
+
+def step_rate(config: dict) -> float:
+    """Seconds per SST-2 step of ``config``'s method at its Table 1 batch: measured (:func:`measured_step_seconds`)
+    or, without a committed cell, :data:`ASSUMED_SECONDS_PER_STEP`."""
+    return measured_step_seconds().get(rate_key(config), (ASSUMED_SECONDS_PER_STEP, 0))[0]
+
+
+def step_basis(configs: list[dict]) -> str:
+    """Where the step times of ``configs`` come from, in one line (what --list prints)."""
+    keys = sorted({rate_key(c) for c in configs})
+    measured = measured_step_seconds()
+    found = [f"{k} {measured[k][0]:.1f} s ({measured[k][1]})" for k in keys if k in measured]
+    assumed = [k for k in keys if k not in measured]
+    parts = [f"measured in committed SST-2 cells (median s/step, cells): {', '.join(found)}"] if found else []
+    if assumed:
+        parts.append(f"assumed {ASSUMED_SECONDS_PER_STEP} s (no committed cell to measure): {', '.join(assumed)}")
+    return "seconds per step " + "; ".join(parts)
+
+
 def step_seconds(task: str, config: dict) -> float:
-    """Seconds of one training step of ``config`` on ``task`` run alone (on a 2-core CPU, as SECONDS_PER_STEP)."""
-    # MeZO on an adapter (the peft grid) is priced by its adapter, not as MeZO on every weight
-    adapter = config.get("adapter", "none")
-    if config["method"] == "mezo" and adapter != "none":
-        rate = ADAPTER_SECONDS_PER_STEP.get(adapter, SECONDS_PER_STEP["mezo-lorafa"])
-    else:
-        rate = SECONDS_PER_STEP[config["method"]]
-    return rate * prompt_length_factor(task, config)
+    """Seconds of one training step of ``config`` on ``task`` run alone (on a 2-core CPU, as :func:`step_rate`)."""
+    return step_rate(config) * prompt_length_factor(task, config)
 
 
 def device_kind(config: dict) -> str:
@@ -110,7 +155,7 @@ def device_kind(config: dict) -> str:
 def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
     """(What a packed cell's steps cost, as a fraction of its solo steps; where that figure comes from).
 
-    Measured: a packed result records its pack's step (``step_time_s`` of a packed run is the whole pack's step)
+    Measured: a packed result records its pack's step (``step_s`` of a packed run is the whole pack's step)
     and the pack's size R, so one run's share of a step is the median step / R; divided by that run's solo step
     (:func:`step_seconds`), it is the fraction that carries over to another cell. The median over the packed
     results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
@@ -118,8 +163,8 @@ def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
     shares = []
     for path in sorted(Path(results).rglob("*.json")):
         try:
-            result = json.loads(path.read_text())
-            packed, config, step = result["packed"], result["config"], result["step_time_s"]["median"]
+            result = read_if_present(path)
+            packed, config, step = result["packed"], result["config"], result["step_s"]["median"]
             if device_kind(config) != device or not step or packed["runs"] < 1:
                 continue
             shares.append(step / packed["runs"] / step_seconds(result["task"], config))
@@ -142,8 +187,8 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
     steps, evals = {}, []
     for path in sorted(Path(results).rglob("*.json")):
         try:
-            result = json.loads(path.read_text())
-            config, step = result["config"], result["step_time_s"]["median"]
+            result = read_if_present(path)
+            config, step = result["config"], result["step_s"]["median"]
             if device_kind(config) != device or result.get("packed") or not step:
                 continue
             steps.setdefault(config["method"], []).append(step / step_seconds(result["task"], config))
@@ -170,7 +215,7 @@ def device_step_share(shares: dict, method: str) -> float:
 
 # The WikiText-2 curves (grid fig1): each method's median step and evaluation in the committed cpu cell, a step
 # scaled linearly by the window length; without that file, this assumption:
-LM_ASSUMPTION = ("no committed WikiText-2 cell: a step priced as its method's SST-2 step (SECONDS_PER_STEP), an "
+LM_ASSUMPTION = ("no committed WikiText-2 cell: a step priced as its method's SST-2 step (step_rate), an "
                  "evaluation at 2 s")
 
 
@@ -180,13 +225,13 @@ def lm_seconds(seq_len: int, results: Path = RESULTS) -> tuple[dict, float, str]
     measured = next(iter(grid_cells("fig1", "cpu")), None)
     path = None if measured is None else measured.result_path(results)
     try:
-        result = json.loads(path.read_text())
+        result = read_if_present(path)
         runs, length = result["runs"], result["config"]["seq_len"]
         steps = {m: statistics.median(run["seconds"]) * seq_len / length for m, run in runs.items()}
         evaluation = statistics.median(run["eval_s"] / len(run["evals"]) for run in runs.values())
         return steps, evaluation, f"the committed cpu cell's median steps ({Path(path).name})"
     except (OSError, AttributeError, ValueError, KeyError, TypeError, statistics.StatisticsError):
-        return {m: SECONDS_PER_STEP[m] for m in ("mebp", "mezo", "prge")}, 2.0, LM_ASSUMPTION
+        return {m: step_rate({"method": m}) for m in ("mebp", "mezo", "prge")}, 2.0, LM_ASSUMPTION
 
 
 def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0, eval_share: float = 1.0) -> float:
@@ -200,7 +245,7 @@ def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0, 
         c = cell.config()
         steps, evaluation, _ = lm_seconds(c["seq_len"])
         evals = sum(n // c["eval_every"][m] + 2 for m, n in c["lm_steps"].items())
-        return sum(n * steps.get(m, SECONDS_PER_STEP[m]) for m, n in c["lm_steps"].items()) * step_share + \
+        return sum(n * steps.get(m, step_rate({"method": m})) for m, n in c["lm_steps"].items()) * step_share + \
             evals * evaluation * eval_share
     if cell.kind == "bench":
         c = cell.config()

@@ -8,7 +8,7 @@ validation and report the test score over the seeds. This module gathers the nam
 
 - :mod:`~prge_lib.experiments.grids`: the grids, their rows, the profiles' steps (``GRIDS``, ``Row``, ``STEPS``);
 - :mod:`~prge_lib.experiments.cells`: what a cell is, its name, paths and command (``Cell``, ``grid_cells``);
-- :mod:`~prge_lib.experiments.estimates`: how long a cell takes (``estimate_seconds``, ``SECONDS_PER_STEP``);
+- :mod:`~prge_lib.experiments.estimates`: how long a cell takes (``estimate_seconds``, ``measured_step_seconds``);
 - :mod:`~prge_lib.experiments.results`: reading and checking result files (``read_result``, ``validate_result``);
 - :mod:`~prge_lib.experiments.locks`: one process per cell (``cell_lock``, ``CellBusy``);
 - :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``);
@@ -23,17 +23,18 @@ from __future__ import annotations
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, checkpoint_root, grid_cells, grid_folder
-from prge_lib.experiments.estimates import (ADAPTER_SECONDS_PER_STEP, BENCH_LOAD_SECONDS, BENCH_STEP_SECONDS,
-                                            DEVICE_ASSUMPTION, EVAL_SECONDS, PACK_ASSUMPTION, SECONDS_PER_STEP,
-                                            device_shares, estimate_seconds, evaluation_factor, pack_step_share,
-                                            prompt_length_factor, step_seconds)
+from prge_lib.experiments.estimates import (ASSUMED_SECONDS_PER_STEP, BENCH_LOAD_SECONDS, BENCH_STEP_SECONDS,
+                                            DEVICE_ASSUMPTION, EVAL_SECONDS, PACK_ASSUMPTION, device_shares,
+                                            estimate_seconds, evaluation_factor, measured_step_seconds,
+                                            pack_step_share, prompt_length_factor, step_basis, step_seconds)
 from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, LM_STEPS,
                                         PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
                                         TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
-                                          read_result, result_differs, validate_result)
+                                          read_if_present, read_result, result_differs,
+                                          validate_result)
 from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, run_cell, run_grid, run_pack
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, sweep_edges)
@@ -46,15 +47,15 @@ from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_scor
 __all__ = [
     "RESULTS",
     "Cell", "checkpoint_root", "grid_cells", "grid_folder",
-    "ADAPTER_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS", "SECONDS_PER_STEP",
+    "ASSUMED_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS",
     "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "device_shares", "estimate_seconds", "evaluation_factor",
-    "pack_step_share", "prompt_length_factor", "step_seconds",
-    "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES", "SENSZOQ_ROWS",
-    "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
+    "measured_step_seconds", "pack_step_share", "prompt_length_factor", "step_basis", "step_seconds",
+    "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
+    "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
     "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "stage_cells", "sweep_edges",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs",
-    "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_result", "result_differs",
+    "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",

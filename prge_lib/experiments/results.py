@@ -13,8 +13,10 @@ import re
 from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
+from prge_lib.common.schema import json_schema
 from prge_lib.experiments.cells import Cell
 from prge_lib.experiments.grids import GRIDS
+from prge_lib.training.records import RECORD_TYPES, upgrade_record
 
 
 def cell_matches(cell: Cell, result: dict) -> list[str]:
@@ -79,19 +81,21 @@ def _json_object(path: Path) -> dict:
 
 def read_if_present(path: str | os.PathLike) -> dict | None:
     """A result file of any kind as the chapters quote it: None while it has not been produced (a figure whose
-    run was not made yet is absent, not an error), its JSON object otherwise (no schema: benchmark and device
-    results have their own shapes); :class:`ResultFileError` naming a file that holds something else."""
+    run was not made yet is absent, not an error), its JSON object otherwise, older files upgraded to this
+    version's names (:func:`~prge_lib.training.records.upgrade_record`; no schema: benchmark and device results
+    have their own shapes); :class:`ResultFileError` naming a file that holds something else."""
     path = Path(path)
-    return _json_object(path) if path.is_file() else None
+    return upgrade_record(_json_object(path)) if path.is_file() else None
 
 
 def read_result(path: str | os.PathLike) -> dict:
-    """A result file, read and validated (:func:`validate_result`); :class:`ResultFileError` naming the file and
-    the failing field otherwise."""
+    """A result file, read, upgraded to this version's names (:func:`~prge_lib.training.records.upgrade_record`)
+    and validated (:func:`validate_result`); :class:`ResultFileError` naming the file and the failing field
+    otherwise."""
     import jsonschema
 
     path = Path(path)
-    data = _json_object(path)
+    data = upgrade_record(_json_object(path))
     try:
         validate_result(data)
     except jsonschema.ValidationError as err:
@@ -105,43 +109,12 @@ def conflicting_results(cells: list[Cell], results: Path = RESULTS) -> dict[str,
 
 
 # ---------------------------------------------------------------- result schema
-_TRAIN_SCHEMA = {
-    "type": "object",
-    "required": ["kind", "task", "method", "seed", "config", "steps", "best_val", "final", "evals", "losses",
-                 "provenance"],
-    "properties": {
-        "kind": {"const": "train"},
-        "seed": {"type": "integer"},
-        "steps": {"type": "integer", "minimum": 0},
-        "config": {"type": "object", "required": ["task", "seed"]},
-        "best_val": {"$ref": "#/$defs/point"},
-        "final": {"$ref": "#/$defs/point"},
-        "evals": {"type": "array", "minItems": 1,
-                  "items": {"type": "object", "required": ["step", "val"],
-                            "properties": {"step": {"type": "integer"}, "val": {"type": "number"},
-                                           "test": {"type": "number"}}}},
-        "losses": {"type": "array", "items": {"type": "number"}},
-        "provenance": {"type": "object",
-                       "required": ["command", "commit", "versions", "hardware", "wall_time_s"]},
-    },
-    "$defs": {"point": {"type": "object", "required": ["step", "val", "test"],
-                        "properties": {"step": {"type": "integer"},
-                                       "val": {"type": "number", "minimum": 0, "maximum": 1},
-                                       "test": {"type": "number", "minimum": 0, "maximum": 1}}}},
-}
-_BENCH_SCHEMA = {"type": "object", "required": ["kind", "configs", "floor", "ratios", "config", "provenance"],
-                 "properties": {"kind": {"const": "bench"}}}
-# the WikiText-2 curves of chapter 9 (prge_lib.experiments.bench.lm_curves): per method its losses, step seconds
-# and held-out evaluations
-_LM_SCHEMA = {"type": "object", "required": ["kind", "runs", "config", "seed", "provenance"],
-              "properties": {"kind": {"const": "lm"}, "seed": {"type": "integer"},
-                             "runs": {"type": "object", "minProperties": 1, "additionalProperties": {
-                                 "type": "object", "required": ["rows", "losses", "seconds", "evals"],
-                                 "properties": {"losses": {"type": "array", "items": {"type": "number"}},
-                                                "seconds": {"type": "array", "items": {"type": "number"}},
-                                                "evals": {"type": "array", "minItems": 1}}}},
-                             "provenance": {"type": "object", "required": ["command", "commit", "versions",
-                                                                           "hardware", "wall_time_s"]}}}
+def result_schema(kind: str) -> dict:
+    """The JSON schema a cell result of ``kind`` ("train", "bench" or "lm") is checked against: read off its type in
+    ``prge_lib.training.records``, so the record and its check are one declaration."""
+    if kind not in ("train", "bench", "lm"):
+        raise ValueError(f"no cell result schema for kind {kind!r}; choose train, bench or lm")
+    return json_schema(RECORD_TYPES[kind])
 
 
 @functools.cache
@@ -150,7 +123,7 @@ def _validator(kind: str):
     schema on every call, which was most of the time of reading a grid's results)."""
     import jsonschema
 
-    schema = {"bench": _BENCH_SCHEMA, "lm": _LM_SCHEMA}.get(kind, _TRAIN_SCHEMA)
+    schema = result_schema(kind)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)

@@ -33,6 +33,7 @@ from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import CheckpointError
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.packed import PackedTrainer, PackStopped
+from prge_lib.training.records import diverged_record, finished_record, zero_shot_record, zero_shot_run
 from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
 EMBEDDED_MODEL = EMBEDDED       # what a result names when no --model was given
@@ -109,17 +110,15 @@ def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float
     config = TrainConfig(**cell.config())
     trainer = Trainer(config, checkpoint_dir=checkpoint_dir, progress=progress)
     resume = trainer.checkpoint_path().is_file() and not restart
+    model = config.model or EMBEDDED_MODEL
     try:
-        result = trainer.run(resume=resume, deadline=deadline, restart=restart)
-        result["status"] = "finished"
+        result = finished_record(trainer.run(resume=resume, deadline=deadline, restart=restart), model)
     except CheckpointError as err:      # a cell resumes by the same command, not by --resume
         raise CheckpointError(err.path, err.reason, resume="the same command") from None
     except TrainingDiverged as diverged:
         # the same seeds would diverge at the same step on every rerun: record the run as far as it went (its
         # evaluations, and one at the last good state), so the grid goes on and the table can say so
-        result = trainer.summary()
-        result.update(status="diverged", diverged=str(diverged))
-    result["model"] = config.model or EMBEDDED_MODEL
+        result = diverged_record(trainer.summary(), diverged, model)
     return result
 
 
@@ -180,13 +179,9 @@ def _run_zeroshot(cell: Cell) -> dict:
     data = sample_task(task, c["seed"], **sizes)
     model, tokenizer = load_model(c.get("model"), device=c.get("device", "cpu"))
     val = zero_shot(task, model, tokenizer, data.val)["value"]
-    test = zero_shot(task, model, tokenizer, data.test)["value"]
-    point = {"step": 0, "val": val, "test": test}
-    return {"kind": "train", "task": task.name, "title": task.title, "method": "zeroshot", "metric": task.metric,
-            "seed": c["seed"], "config": {**c, "method": "zeroshot", "steps": 0}, "steps": 0,
-            "data_sizes": data.sizes(), "data_notes": data.notes, "zero_shot_val": val,
-            "best_val": point, "final": point, "evals": [point], "losses": [], "status": "finished",
-            "model": c.get("model") or EMBEDDED_MODEL}
+    record = zero_shot_record(task, data.test, zero_shot(task, model, tokenizer, data.test),
+                              model=c.get("model") or EMBEDDED_MODEL, seed=c["seed"], data_notes=data.notes)
+    return zero_shot_run(record, val, c, data.sizes())
 
 
 def _run_bench(cell: Cell) -> dict:

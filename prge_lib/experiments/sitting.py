@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from prge_lib.training.records import upgrade_record
+
 from prge_lib.common.paths import REPO
 
 SITE = "build/gpu-site"          # where the payload is installed on the machine (install.py --target)
@@ -188,14 +190,14 @@ def paired_summary(folder: Path, seeds: Sequence[int]) -> dict:
     the end, median seconds per step and their ratio; written to ``summary.json`` there as well."""
     seeds_out = {}
     for seed in seeds:
-        runs = {dtype: json.loads((Path(folder) / f"sst2_{dtype}_seed{seed}.json").read_text())
+        runs = {dtype: upgrade_record(json.loads((Path(folder) / f"sst2_{dtype}_seed{seed}.json").read_text()))
                 for dtype in ("fp32", "fp16")}
         gaps = [abs(a - b) for a, b in zip(runs["fp32"]["losses"], runs["fp16"]["losses"])]
         seeds_out[str(seed)] = {
             "steps": len(gaps), "max_abs_loss_gap": max(gaps), "mean_abs_loss_gap": sum(gaps) / len(gaps),
             **{f"{dtype}_{k}": runs[dtype][k]["test"] for dtype in runs for k in ("best_val", "final")},
-            **{f"{dtype}_median_step_s": runs[dtype]["step_time_s"]["median"] for dtype in runs},
-            "fp16_speedup": runs["fp32"]["step_time_s"]["median"] / runs["fp16"]["step_time_s"]["median"]}
+            **{f"{dtype}_median_step_s": runs[dtype]["step_s"]["median"] for dtype in runs},
+            "fp16_speedup": runs["fp32"]["step_s"]["median"] / runs["fp16"]["step_s"]["median"]}
     summary = {"seeds": seeds_out, "files": sorted(p.name for p in Path(folder).glob("sst2_*.json"))}
     (Path(folder) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -9,7 +9,7 @@ from pathlib import Path
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell
 from prge_lib.experiments.estimates import (PACK_ASSUMPTION, device_kind, device_shares, device_step_share,
-                                            estimate_seconds, lm_seconds, pack_step_share)
+                                            estimate_seconds, lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
 from prge_lib.experiments.results import ResultFileError, result_differs
@@ -89,6 +89,10 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
         lines = []
     done = sum(st["state"] == "done" for st in priced["states"])
     lines.append(f"{done}/{len(cells)} done; about {_hours(sum(priced['seconds']))} left ({basis})")
+    training = [cell.config() for cell, st in zip(cells, priced["states"])
+                if cell.kind == "train" and st["state"] in ("partial", "missing", "running")]
+    if training:
+        lines.append(step_basis(training))
     for device, (_, how) in priced["pack_shares"].items():
         count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in cells)
         lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")

@@ -69,7 +69,7 @@ def training_seconds(result: dict) -> float | None:
     ``elapsed_s.train_s`` counts wall time, and a run stopped with SIGSTOP (as the training cells here were while
     a benchmark cell measured alone) books the whole pause on the step it was in. A step over PAUSE_FACTOR times
     the run's median step is such a step and counts as a median one. None where the run recorded no steps."""
-    steps = (result.get("step_time_s") or {}).get("per_step")
+    steps = (result.get("step_s") or {}).get("per_step")
     if not steps:
         return None
     median = statistics.median(steps)

@@ -212,7 +212,8 @@ register(MethodSpec("mezo-lorafa", "zo", _build_prge,
 register(MethodSpec("prge", "zo", _build_prge, {"lr": 1e-3, "eps": 1e-2, "q": 4, "E": 16, "inner": True},
                     uses=_ZO | {"noise", "program", "engine", "cuda_graphs"}, check=_check_prge))
 # Guo et al. (SensZOQ) App. D: ZO-SGD, ε 1e-3, batch 16. lr probed for the embedded model, 100 SST-2 steps
-# with the C4 mask at 0.1%: mean loss of steps 80-100 7.9 (1e-5), 4.5 (1e-4), 5.5 after spikes to 11 (1e-3)
+# with the C4 mask at 0.1%: mean loss of steps 80-100 7.9 (1e-5), 4.5 (1e-4), 5.5 after spikes to 11 (1e-3); not yet
+# in a result file: bash tools/probe_senszoq_lr writes the probe to data/results/probes/senszoq_lr/
 register(MethodSpec("senszoq", "zo", _build_senszoq,
                     {"lr": 1e-4, "eps": 1e-3, "q": 1, "E": 16, "inner": False,
                      "sparsity": 1e-3, "mask": "c4", "mask_scope": "layer"},

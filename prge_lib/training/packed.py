@@ -14,7 +14,7 @@ switches say: they change the speed of an unpacked run, not its numbers beyond f
 
 A run that reaches its steps leaves the pack; a run whose loss turns non-finite is recorded as diverged (the
 last good state in its checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go
-on. ``step_time_s`` of a packed run is the time of the whole pack's step it took part in.
+on. ``step_s`` of a packed run is the time of the whole pack's step it took part in.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from prge_lib.models.loading import load_model, truncate_layers
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import check_checkpoint_folder
 from prge_lib.training.config import TrainConfig
+from prge_lib.training.records import diverged_record, finished_record
 from prge_lib.training.trainer import Trainer, TrainingDiverged
 from prge_lib.zo.packing import build_pack
 
@@ -164,18 +165,18 @@ class PackedTrainer:
         trainer = self.trainers[r]
         with self.pack.solo(r):
             result = trainer.summary()
-        result["status"] = "diverged" if r in self.diverged else "finished"
-        if r in self.diverged:
-            result["diverged"] = str(self.diverged[r])
-        result["model"] = trainer.config.model or EMBEDDED     # what a result names when no model was given
+        model = trainer.config.model or EMBEDDED     # what a result names when no model was given
+        result = diverged_record(result, self.diverged[r], model) if r in self.diverged else \
+            finished_record(result, model)
         result["packed"] = {"runs": len(self.trainers), "index": r, "name": self.names[r],
                             "with": [name for i, name in enumerate(self.names) if i != r]}
         return result
 
     def write_results(self, results: Sequence[dict], paths: Sequence[str | os.PathLike],
-                      wall_time_s: float | None = None) -> list[Path]:
-        """Write each run's result (with provenance) to its path."""
+                      wall_time_s: float | None = None, command: str | None = None) -> list[Path]:
+        """Write each run's result (with provenance naming ``command``, else this process's arguments) to its
+        path."""
         if len(paths) != len(results):
             raise ValueError(f"{len(paths)} result paths for {len(results)} results")
-        return [write_result(path, {**result, "provenance": provenance(wall_time_s)})
+        return [write_result(path, {**result, "provenance": provenance(wall_time_s, command)})
                 for result, path in zip(results, paths)]

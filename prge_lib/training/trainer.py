@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, c
                                            read_checkpoint, _python_rng_state, _set_python_rng_state)
 from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
 from prge_lib.training.evaluate import zero_shot
+from prge_lib.training.records import SCHEMA_VERSION, step_times
 from prge_lib.zo.rge import mix_seed
 
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
@@ -97,7 +99,7 @@ class Trainer:
         self.device = next(self.model.parameters()).device
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress = progress
-        self.history = {"losses": [], "step_time_s": [], "evals": [], "projected_grad": []}
+        self.history = {"losses": [], "step_s": [], "evals": [], "projected_grad": []}
         self.step = 0
         self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
 
@@ -191,6 +193,8 @@ class Trainer:
         if "optimizer" in payload["method"]:
             self.method.optimizer.load_state_dict(payload["method"]["optimizer"])
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
+        if "step_time_s" in self.history:       # a checkpoint written before step times were named step_s
+            self.history["step_s"] = self.history.pop("step_time_s")
         torch.set_rng_state(payload["rng"]["torch"])
         _set_python_rng_state(payload["rng"]["python"])
 
@@ -226,7 +230,7 @@ class Trainer:
         self.step = t + 1
         self.elapsed["train_s"] += took
         self.history["losses"].append(record["loss"])
-        self.history["step_time_s"].append(round(took, 5))
+        self.history["step_s"].append(round(took, 5))
         if "projected_grad" in record:
             self.history["projected_grad"].append(record["projected_grad"])
         postfix = {"loss": f"{record['loss']:.3f}"}
@@ -272,9 +276,8 @@ class Trainer:
             last["test"] = self.evaluate(self.data.test)
         # a test score exists for every new best validation score, so the earliest best has one
         best = max(evals, key=lambda e: (e["val"], -e["step"]))
-        times = sorted(self.history["step_time_s"])
         return {
-            "kind": "train", "task": self.task.name, "title": self.task.title, "method": c.method,
+            "kind": "train", "schema_version": SCHEMA_VERSION, "task": self.task.name, "title": self.task.title, "method": c.method,
             "adapter": c.adapter,
             "metric": self.task.metric, "seed": c.seed, "config": dataclasses.asdict(c),
             "trainable_parameters": sum(p.numel() for p in self.method.trainable().values()),
@@ -284,8 +287,7 @@ class Trainer:
             "final": {"step": last["step"], "val": last["val"], "test": last["test"]},
             "evals": evals, "losses": self.history["losses"],
             "projected_grad": self.history["projected_grad"],
-            "step_time_s": {"median": times[len(times) // 2] if times else None,
-                            "per_step": self.history["step_time_s"]},
+            "step_s": step_times(self.history["step_s"], middle=statistics.median_high),
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
             "resumed_at_steps": self.history.get("resumed_at", []),
             **({"method_settings": self.method.settings} if self.method.settings else {}),

@@ -18,7 +18,6 @@ model file. Times compare only within one run on one otherwise idle machine.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from typing import Callable, Sequence
 
@@ -31,6 +30,7 @@ from prge_lib.models.objective import synthetic_batch
 from prge_lib.methods import registry
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import build_method
+from prge_lib.training.records import step_times
 
 COMPARED = ("fo-lorafa", "mebp", "mezo", "prge", "senszoq")     # the default selection; any registered method runs
 
@@ -83,7 +83,7 @@ def measure_method(spec: str, seq_len: int = 64, rows: int = 16, steps: int = 2,
         peak = peak_meter.peak_mib()
         return {**row, "step_peak_mib": None if peak is None else round(peak, 1)}
     times = time_steps(step, steps, 0, dev.type == "cuda", first=warmup)
-    return {**row, "step_s": round(statistics.median(times), 3), "times_s": [round(t, 3) for t in times]}
+    return {**row, "step_s": step_times(times, digits=3)}
 
 
 def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 16, steps: int = 2,
@@ -100,7 +100,7 @@ def footprint(methods: Sequence[str] = COMPARED, seq_len: int = 64, rows: int = 
         peak = row["step_peak_mib"]
         row["total_mib"] = None if peak is None else round(row["held_mib"] + peak, 1)
         progress(f"{method}: held {row['held_mib']:.0f} MiB, step peak {row['step_peak_mib']} MiB, "
-                 f"{row['step_s']:.2f} s/step")
+                 f"{row['step_s']['median']:.2f} s/step")
         rows_out.append(row)
     return rows_out
 

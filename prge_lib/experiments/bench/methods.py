@@ -28,6 +28,7 @@ from prge_lib.zo.rge import check_zo_settings
 from prge_lib.data.tasks import get_task
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import build_method
+from prge_lib.training.records import step_times
 
 FO_LR = 1e-5        # the first-order configurations' step size (any positive value times the same)
 CONFIGS = {
@@ -174,10 +175,10 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
             continue
         peak = peak_in_subprocess(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr)
         results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
-                        "forwards_per_step": shape[key][1], "median_s": statistics.median(times[key]),
-                        "times_s": times[key], "peak_mib": peak}
+                        "forwards_per_step": shape[key][1], "step_s": step_times(times[key]),
+                        "peak_mib": peak}
         peak = results[key]["peak_mib"]
-        progress(f"{key}: {results[key]['median_s']:.3f} s/step" +
+        progress(f"{key}: {results[key]['step_s']['median']:.3f} s/step" +
                  ("" if peak is None else f", peak {peak:+.0f} MiB above the loaded model"))
     return {"floor": floor, "floor_rounds": floors, "configs": results, "ratios": ratios(floor, results, E)}
 
@@ -211,18 +212,18 @@ def ratios(floor: dict, results: dict, E: int) -> dict:
         reference = floor.get(f"{label}_{2 * E}_rows_s")
         if reference:
             for name, r in results.items():
-                out[f"{name}_over_{label}_2E"] = r["median_s"] / reference
+                out[f"{name}_over_{label}_2E"] = r["step_s"]["median"] / reference
     if floor.get(f"forward_{2 * E}_rows_s"):
         out["mezo_structural_limit"] = 1 + 4 * floor["perturb_pass_s"] / floor[f"forward_{2 * E}_rows_s"]
     prge = [k for k in results if results[k]["config"] == "prge"]
     main = next((k for k in prge if results[k]["q"] == 4), prge[0] if prge else None)
     for ref in ("mezo", "mezo-lorafa"):
         if ref in results and main:
-            out[f"{ref}_over_{main}"] = results[ref]["median_s"] / results[main]["median_s"]
+            out[f"{ref}_over_{main}"] = results[ref]["step_s"]["median"] / results[main]["step_s"]["median"]
     if main and "mezo" in results and "mezo_structural_limit" in out:
         out["share_of_structural_limit"] = out[f"mezo_over_{main}"] / out["mezo_structural_limit"]
     if len(prge) > 1:
-        times = [results[k]["median_s"] for k in prge]
+        times = [results[k]["step_s"]["median"] for k in prge]
         out["prge_spread_over_q"] = max(times) / min(times) - 1
     return out
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from prge_lib.common.measure import PeakMemory, status_kib, time_steps, timed_an
 from prge_lib.models.loading import load_model, truncate_layers
 from prge_lib.deploy.program import TrainStep
 from prge_lib.deploy.runtime import RuntimeStep
+from prge_lib.training.records import step_times
 
 
 def program_inputs(settings: dict, seed: int = 0) -> list:
@@ -73,7 +73,7 @@ def _measure(job: dict) -> dict:
         step(*inputs)
         return {**row, "peak_during_steps_mib": meter.peak_mib()}
     times = time_steps(lambda t: step(*inputs), job["repeats"], job["warmup"], cuda=False)
-    return {**row, "step_s": times, "median_s": statistics.median(times)}
+    return {**row, "step_s": step_times(times)}
 
 
 def measure(pte, side: str, repeats: int = 5, warmup: int = 1) -> dict:
@@ -92,7 +92,7 @@ def compare(pte, repeats: int = 5, warmup: int = 1) -> dict:
     """Both sides, one after the other, and the eager/runtime step-time ratio (> 1: the runtime is faster)."""
     runtime = measure(pte, "runtime", repeats, warmup)
     eager = measure(pte, "eager", repeats, warmup)
-    return {"runtime": runtime, "eager": eager, "eager_over_runtime": eager["median_s"] / runtime["median_s"]}
+    return {"runtime": runtime, "eager": eager, "eager_over_runtime": eager["step_s"]["median"] / runtime["step_s"]["median"]}
 
 
 def profile(pte, steps: int = 2, workdir=None) -> dict:
