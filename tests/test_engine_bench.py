@@ -59,9 +59,9 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
         assert records["optimised"]["engine"] == "fused" and records["optimised"]["cuda_graphs"] is False
         assert records["packed-2"]["runs"] == 2 and records["packed-max"]["runs"] == 4   # 1, 2, 4 fit; cap 4
         for name, r in records.items():
-            assert r["mfu"] is None and len(r["times_s"]) == 2 and r["flops_per_step"] > 0
-            assert r["median_s"] == pytest.approx(sum(r["times_s"]) / 2)           # two timed steps
-            assert r["run_steps_per_s"] == pytest.approx(r["runs"] / r["median_s"])
+            assert r["mfu"] is None and len(r["step_s"]["per_step"]) == 2 and r["flops_per_step"] > 0
+            assert r["step_s"]["median"] == pytest.approx(sum(r["step_s"]["per_step"]) / 2)           # two timed steps
+            assert r["run_steps_per_s"] == pytest.approx(r["runs"] / r["step_s"]["median"])
         assert ratios == engine_ratios(records)
         for name in ("optimised", "packed-2", "packed-max"):
             assert ratios[f"{name}_over_eager"] == pytest.approx(

@@ -70,7 +70,7 @@ def run_engine_bench(args) -> int:
     result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
                    "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "batches": "real training batches (prompts cut to --seq-len)", "repeats": args.repeats,
-                   "warmup": args.warmup, "seed": 0, "provenance": provenance(time.perf_counter() - start)})
+                   "warmup": args.warmup, "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)})
     write_result(args.out, result)
     return 0
 
@@ -85,7 +85,7 @@ def run_gpu_check(args) -> int:
     checks = gpu_checks(lambda dtype: load_model(args.model, dtype=dtype, device=args.device)[0])
     failed = [name for name, check in checks.items() if check["passed"] is False]
     result = {"kind": "gpu-check", "device": args.device, "model": args.model or EMBEDDED, "checks": checks,
-              "failed": failed, "seed": 0, "provenance": provenance(time.perf_counter() - start)}
+              "failed": failed, "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)}
     write_result(args.out, result)
     for name, check in checks.items():
         state = {True: "passed", False: "FAILED", None: "not run here"}[check["passed"]]

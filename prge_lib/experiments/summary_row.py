@@ -8,6 +8,7 @@ class SummaryRow(TypedDict):
     task: str
     row: str                    # the grid row's key
     label: str                  # the row as the paper's table names it
+    method: str                 # the method its runs trained with ("zeroshot" for the zero-shot row)
     lr: float | None            # the chosen learning rate (None: zero-shot)
     seeds: list[int]
     n: int                      # runs averaged
@@ -20,3 +21,8 @@ class SummaryRow(TypedDict):
     lrs_tried: list[float]
     train_min: float | None     # mean training minutes per run (None: zero-shot rows)
     device: str                 # "cpu", "cuda" or "cpu+cuda"
+    gpu_noise: str | None       # where the GPU runs' ZO noise came from ("torch", "counter"; None: no GPU run)
+    trained: bool | None        # False: no seed left zero-shot (summaries.left_zero_shot); None: zero-shot row
+    majority: float | None      # percent: always giving the test sample's commonest answer (None: no classes)
+    fo_gain_share: float | None         # (ZO - zero-shot) / (FO LoRA-FA - zero-shot) on this task
+    paper_fo_gain_share: float | None   # the same ratio from the paper's table

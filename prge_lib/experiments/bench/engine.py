@@ -30,6 +30,7 @@ from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import inject_lorafa
 from prge_lib.zo.packing import build_pack
 from prge_lib.zo.prge import PRGE
+from prge_lib.training.records import step_times
 
 # dense (no sparsity) fp16 tensor-core peaks from the vendors' data sheets, FLOP/s; first match of all words wins
 PEAK_FP16_FLOPS = ((("H200",), 989e12), (("H100", "PCIe"), 756e12), (("H100",), 989e12), (("A100",), 312e12))
@@ -159,7 +160,7 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     times = time_steps(timed, steps, warmup, cuda)
     median = statistics.median(times)
     counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
-    record.update(times_s=times, median_s=median, run_steps_per_s=runs / median,
+    record.update(step_s=step_times(times), run_steps_per_s=runs / median,
                   flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times))
     del timed
     release_memory()
