@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         return 0
     if env["problems"]:
         return 2
-    entry = sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device))
+    sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device))
     left = [s.name for s in stages if not sitting.is_done(s, Path(args.out))]
     print(f"gpu_sitting: {len(stages) - len(left)} of {len(stages)} stages done"
           + (f"; still to run: {', '.join(left)} (the same command continues)" if left else ""))

@@ -115,7 +115,6 @@ class TrainConfig:
         from prge_lib.methods.adapters import DEFAULT_R, check_adapter
         from prge_lib.methods.fo import OPTIMIZERS
         from prge_lib.training.checks import check_numbers, check_step_memory
-        from prge_lib.zo.lora import check_noise_source
         from prge_lib.zo.rge import check_zo_settings
 
         spec = registry.get(self.method)
