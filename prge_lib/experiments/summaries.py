@@ -264,9 +264,11 @@ def _share_text(record: dict | None) -> str:
     """"0.45 (paper 0.83)": a record's ``fo_gain_share`` beside the paper's; "–" where it has none."""
     if not record or record.get("fo_gain_share") is None:
         return "–"
+    # a row that never left zero-shot has no share of a gain: its ratio would only measure noise
+    ours = "did not train" if record.get("trained") is False else f"{record['fo_gain_share']:.2f}"
     if record.get("paper_fo_gain_share") is None:
-        return f"{record['fo_gain_share']:.2f}"
-    return f"{record['fo_gain_share']:.2f} (paper {record['paper_fo_gain_share']:.2f})"
+        return ours
+    return f"{ours} (paper {record['paper_fo_gain_share']:.2f})"
 
 
 def summary_markdown(records: list[dict]) -> str:
