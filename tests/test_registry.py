@@ -151,3 +151,21 @@ def test_mezo_no_longer_imports_prge():
 
     graph = grimp.build_graph("prge_lib", include_external_packages=False)
     assert "prge_lib.zo.prge" not in graph.find_modules_directly_imported_by("prge_lib.zo.mezo")
+
+
+def test_senszoq_lr_probe_files_back_the_registry_comment():
+    """The probe the SensZOQ default lr comes from is committed as result files: one 100-step SST-2 run of senszoq
+    per probed rate (C4 mask, 0.1%), the default among them, each recording the command that made it."""
+    from prge_lib.common.paths import RESULTS
+    from prge_lib.experiments.results import read_result
+
+    default = registry.get("senszoq").defaults["lr"]
+    probed = {}
+    for path in sorted((RESULTS / "probes" / "senszoq_lr").glob("sst2_lr*_seed0.json")):
+        run = read_result(path)
+        assert run["method"] == "senszoq" and run["steps"] == 100 and len(run["losses"]) == 100, path
+        assert run["config"]["mask"] == "c4" and run["config"]["sparsity"] == 1e-3, path
+        command = run["provenance"]["command"].split()
+        assert float(command[command.index("--lr") + 1]) == run["config"]["lr"], path
+        probed[run["config"]["lr"]] = run
+    assert sorted(probed) == [1e-5, 1e-4, 1e-3] and default in probed
