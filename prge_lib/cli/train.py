@@ -50,7 +50,7 @@ def run_train(args) -> int:
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
-    config.resolved()      # refuse bad settings before loading anything
+    resolved = config.resolved()      # refuse bad settings before loading anything
     if config.program:
         from prge_lib.deploy.export import check_program
         check_program(config.program, say=note)
@@ -64,7 +64,7 @@ def run_train(args) -> int:
         from prge_lib.distributed.launch import is_worker, launch
         from prge_lib.distributed.method import check_data_parallel
 
-        check_data_parallel(config.resolved(), args.workers)
+        check_data_parallel(resolved, args.workers)
         if not is_worker():     # the launcher: the same command in N processes (chapter 11)
             return launch(args.argv, args.workers)
         trainer = worker_trainer(config, args)

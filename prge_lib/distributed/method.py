@@ -40,7 +40,7 @@ def check_data_parallel(config, workers: int) -> None:
         raise ValueError(f"--workers trains {' or '.join(DATA_PARALLEL)}, not {config.method}")
     if config.program is not None:
         raise ValueError("--workers trains eager P-RGE; a --program runs in the runtime host (prge device-train)")
-    if getattr(config, "engine", "layerwise") != "layerwise" or getattr(config, "buckets", None):
+    if config.engine != "layerwise" or config.buckets:
         raise ValueError(f"--workers splits the layerwise P-RGE step over the workers; engine {config.engine!r} "
                          f"and --buckets are single-process options (use --engine layerwise, no --buckets)")
     if config.q < workers and config.method == "mezo-lorafa":
