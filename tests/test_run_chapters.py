@@ -61,7 +61,16 @@ def test_table_and_paste(tmp_path):
     (source / "01_b.md").write_text("no heading\n")
     text = runner["table"]({"fast": {"00_a": {"seconds": 42}}, "full": {"00_a": {"seconds": 600.4}}}, source)
     assert text.splitlines()[2:] == ["| 0. First | 10 min 00 s | 42 s |",
-                                     "| 01_b | not recorded yet | not recorded yet |"]
+                                     "| 01_b | not recorded yet | not recorded yet |",
+                                     "| **all chapters** | 10 min 00 s (without 01_b: not recorded yet) "
+                                     "| 42 s (without 01_b: not recorded yet) |"]
+    prov = {"hardware": {"cpu": "X", "cpu_count": 2, "torch_threads": 1}, "commit": "abcdef123",
+            "load_average": [1.5, 1.0, 1.0]}
+    measured = runner["table"]({"full": {"00_a": {"seconds": 60, "provenance": prov},
+                                         "01_b": {"seconds": 60, "provenance": {**prov, "load_average": [3.25, 1, 1]}}}},
+                               source)
+    assert measured.splitlines()[-1] == ("Measured full mode: X, 2 cores, 1 torch thread(s), commit abcdef1, "
+                                         "load average up to 3.2 at a chapter's end.")
     page = tmp_path / "page.md"
     page.write_text(f"before\n{runner['BEGIN']}\nold table\n{runner['END']}\nafter\n")
     assert runner["paste"](text, page) and not runner["paste"](text, page)

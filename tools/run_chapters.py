@@ -112,12 +112,35 @@ def _title(chapter: Path) -> str:
     return match.group(1).strip() if match else chapter.stem
 
 
+def conditions(times: dict, mode: str) -> str | None:
+    """How the recorded times of `mode` were measured, from their provenance: the machine, the torch threads,
+    the commits and the highest load average seen when a chapter finished (other work on the machine makes
+    a chapter slower). None if no time of `mode` has its provenance."""
+    entries = [e["provenance"] for e in times.get(mode, {}).values() if e.get("provenance")]
+    if not entries:
+        return None
+    hardware = [e.get("hardware") or {} for e in entries]
+    cpus = sorted({f"{h.get('cpu', '?')}, {h.get('cpu_count', '?')} cores" for h in hardware})
+    threads = sorted({str(h.get("torch_threads", "?")) for h in hardware})
+    commits = sorted({(e.get("commit") or "?")[:7] for e in entries})
+    loads = [e["load_average"][0] for e in entries if e.get("load_average")]
+    text = (f"{mode} mode: {'; '.join(cpus)}, {' or '.join(threads)} torch thread(s), "
+            f"commit {', '.join(commits)}")
+    return text + (f", load average up to {max(loads):.1f} at a chapter's end" if loads else "")
+
+
 def table(times: dict, source: Path = SOURCE) -> str:
-    """The Markdown table of every chapter's recorded full and fast execution time."""
+    """The Markdown table of every chapter's recorded full and fast execution time, their totals, and how
+    each mode's times were measured."""
     lines = ["| Chapter | full mode | fast mode (`PRGE_FAST=1`) |", "|---|---|---|"]
+    chapters = [chapter.stem for chapter in sorted(source.glob(CHAPTERS))]
     for chapter in sorted(source.glob(CHAPTERS)):
         full, fast = (duration(_seconds(times, m, chapter.stem)) for m in MODES)
         lines.append(f"| {_title(chapter)} | {full} | {fast} |")
+    lines.append(f"| **all chapters** | {remaining(times, 'full', chapters)} | {remaining(times, 'fast', chapters)} |")
+    notes = [c for c in (conditions(times, m) for m in MODES) if c]
+    if notes:
+        lines += ["", "Measured " + "; ".join(notes) + "."]
     return "\n".join(lines) + "\n"
 
 
