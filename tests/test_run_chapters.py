@@ -62,8 +62,7 @@ def test_table_and_paste(tmp_path):
     text = runner["table"]({"fast": {"00_a": {"seconds": 42}}, "full": {"00_a": {"seconds": 600.4}}}, source)
     assert text.splitlines()[2:] == ["| 0. First | 10 min 00 s | 42 s |",
                                      "| 01_b | not recorded yet | not recorded yet |",
-                                     "| **all chapters** | 10 min 00 s (without 01_b: not recorded yet) "
-                                     "| 42 s (without 01_b: not recorded yet) |"]
+                                     "| **all chapters** | 10 min 00 s (1 of 2 chapters) | 42 s (1 of 2 chapters) |"]
     prov = {"hardware": {"cpu": "X", "cpu_count": 2, "torch_threads": 1}, "commit": "abcdef123",
             "load_average": [1.5, 1.0, 1.0]}
     measured = runner["table"]({"full": {"00_a": {"seconds": 60, "provenance": prov},

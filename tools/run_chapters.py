@@ -100,6 +100,14 @@ def remaining(times: dict, mode: str, chapters: list[str]) -> str:
     return text + (f" (without {', '.join(missing)}: {NOT_RECORDED})" if missing else "")
 
 
+def total(times: dict, mode: str, chapters: list[str]) -> str:
+    """The recorded time of `chapters` in `mode`, with how many of them it covers when not all."""
+    known = [s for s in (_seconds(times, mode, c) for c in chapters) if s is not None]
+    if not known:
+        return NOT_RECORDED
+    return duration(sum(known)) + (f" ({len(known)} of {len(chapters)} chapters)" if len(known) < len(chapters) else "")
+
+
 def progress(k: int, todo: list[str], elapsed: float, times: dict, mode: str) -> str:
     """The line printed before the k-th (from 1) of the chapters `todo` is executed."""
     return (f"chapter {k} of {len(todo)}: {todo[k - 1]}, elapsed {duration(elapsed)}, "
@@ -137,7 +145,7 @@ def table(times: dict, source: Path = SOURCE) -> str:
     for chapter in sorted(source.glob(CHAPTERS)):
         full, fast = (duration(_seconds(times, m, chapter.stem)) for m in MODES)
         lines.append(f"| {_title(chapter)} | {full} | {fast} |")
-    lines.append(f"| **all chapters** | {remaining(times, 'full', chapters)} | {remaining(times, 'fast', chapters)} |")
+    lines.append("| **all chapters** | " + " | ".join(total(times, m, chapters) for m in MODES) + " |")
     notes = [c for c in (conditions(times, m) for m in MODES) if c]
     if notes:
         lines += ["", "Measured " + "; ".join(notes) + "."]
