@@ -1,0 +1,98 @@
+"""An ExecuTorch client's round (prge_lib.deploy.client, prge_lib.distributed.upload; chapter 11): the exported step
+trains in the runtime, its upload of seeds and projected gradients is replayed eagerly by another client within
+the derived rounding envelope, and eager clients replaying the same upload agree bit for bit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prge_lib.deploy.client import (envelope_constant, eager_client, replay_config, replay_parity,
+                                    replay_with_envelope, runtime_round)
+from prge_lib.distributed.replay import adapter_digest
+from prge_lib.distributed.upload import Upload, replay_upload, upload_numbers, upload_of_run
+from prge_lib.zo.lora import adapter_state
+
+STEPS = 8
+TRAIN = {"lr": 1e-2, "n_train": 40, "n_val": 8, "n_test": 8}
+
+
+@pytest.fixture(scope="module")
+def device_round(tiny_program, fixture_data):
+    """The tiny model's program (portable kernels, q = 2) trained 8 steps in the runtime, with the eager twin."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
+        return runtime_round(tiny_program, "sst2", STEPS, check_eager=True, **TRAIN)
+
+
+def _client(device_round, tiny_folder):
+    config = replay_config(device_round.result)
+    assert config.model == str(tiny_folder) and config.program is None and config.noise == "counter"
+    return eager_client(config)
+
+
+def test_the_upload_is_the_steps_seeds_and_projected_gradients(device_round):
+    upload = device_round.upload
+    assert (upload.run_seed, upload.q, upload.start, upload.steps) == (0, 2, 0, STEPS)
+    assert [list(g) for g in upload.projected_grad] == device_round.result["projected_grad"]
+    assert upload_numbers(upload) == 2 * 2 * STEPS
+    again = Upload.from_json(upload.to_json())
+    assert again == upload                        # JSON carries the fp32 g exactly
+
+
+def test_another_client_replays_the_device_round_within_the_rounding_envelope(device_round, tiny_folder):
+    """Same g, other kernels: the gap stays inside (2q + 15) u Σ_t M_t, and the LoRA-A are the same bits. The
+    eager twin, which computes its own g from its own losses, leaves that envelope: what the envelope measures is
+    the update's rounding, not the losses'."""
+    client = _client(device_round, tiny_folder)
+    envelope = replay_with_envelope(client, Upload.from_json(device_round.upload.to_json()))
+    parity = replay_parity(device_round.adapter, client, envelope)
+    assert parity["a_identical"] and parity["within_envelope"] and parity["envelope_constant"] == envelope_constant(2)
+    assert 0 < parity["rel_gap"] < 1e-6          # a few roundings of an adapter that moved
+    assert max(float(v.abs().max()) for k, v in device_round.adapter.items() if k.endswith("lora_B")) > 1e-3
+
+    twin = replay_upload(_client(device_round, tiny_folder), upload_of_run(device_round.result["eager"]))
+    assert not replay_parity(device_round.adapter, twin, envelope)["within_envelope"]
+
+
+def test_the_envelope_catches_a_changed_projected_gradient(device_round, tiny_folder):
+    """One g of one step changed by 1e-5 relative puts the replay outside the envelope: the check can fail."""
+    upload = device_round.upload
+    grads = [list(g) for g in upload.projected_grad]
+    grads[3][1] *= 1 + 1e-5
+    changed = Upload(upload.run_seed, upload.q, upload.start, upload.seeds, tuple(map(tuple, grads)))
+    client = _client(device_round, tiny_folder)
+    envelope = replay_with_envelope(client, changed)
+    assert not replay_parity(device_round.adapter, client, envelope)["within_envelope"]
+
+
+def test_eager_clients_replaying_one_upload_agree_bit_for_bit(device_round, tiny_folder):
+    """Eager to eager the replay is exact: two clients, and the twin's own upload replayed vs the twin rebuilt in
+    two halves (start = 4)."""
+    upload = device_round.upload
+    one = replay_upload(_client(device_round, tiny_folder), upload)
+    two = replay_upload(_client(device_round, tiny_folder), Upload.from_json(upload.to_json()))
+    assert adapter_digest(adapter_state(one.model)) == adapter_digest(adapter_state(two.model))
+    twin = upload_of_run(device_round.result["eager"])
+    whole = replay_upload(_client(device_round, tiny_folder), twin)
+    halves = _client(device_round, tiny_folder)
+    replay_upload(halves, upload_of_run({**device_round.result["eager"],
+                                         "projected_grad": device_round.result["eager"]["projected_grad"][:4]}))
+    replay_upload(halves, upload_of_run({**device_round.result["eager"],
+                                         "projected_grad": device_round.result["eager"]["projected_grad"][4:]}, start=4))
+    assert adapter_digest(adapter_state(whole.model)) == adapter_digest(adapter_state(halves.model))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(run_seed=1), "seed 1"),
+    (lambda d: d.update(q=3), "q is 3"),
+    (lambda d: d.update(start=1), "not the run's seeds"),
+    (lambda d: d["steps"][0]["g"].__setitem__(0, float("nan")), "not finite"),
+    (lambda d: d["steps"][0]["seeds"].pop(), "1 seeds and 2 projected gradients"),
+    (lambda d: d.update(format="other"), "format 'other'"),
+])
+def test_an_upload_from_another_run_is_refused(device_round, tiny_folder, change, message):
+    data = json.loads(device_round.upload.to_json())
+    change(data)
+    with pytest.raises(ValueError, match=message):
+        replay_upload(_client(device_round, tiny_folder), Upload.from_json(json.dumps(data)))
