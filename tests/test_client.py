@@ -4,6 +4,7 @@ the derived rounding envelope, and eager clients replaying the same upload agree
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,3 +97,34 @@ def test_an_upload_from_another_run_is_refused(device_round, tiny_folder, change
     change(data)
     with pytest.raises(ValueError, match=message):
         replay_upload(_client(device_round, tiny_folder), Upload.from_json(json.dumps(data)))
+
+
+def test_cli_device_train_upload_then_replay(device_round, tiny_program, fixture_data, tmp_path, monkeypatch, capsys):
+    """`prge device-train --upload` writes the round's upload (the same as the in-process round's: the runtime is
+    deterministic), `prge replay` rebuilds the adapter from the result's config and the upload, bit-identical to
+    an eager client's replay; bad files are refused in one line with exit status 2."""
+    from prge_lib.cli.main import main
+    from prge_lib.zo.lora import read_adapter
+
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    run, up, adapter = tmp_path / "run.json", tmp_path / "upload.json", tmp_path / "replayed.safetensors"
+    assert main(["device-train", "--pte", str(tiny_program), "--task", "sst2", "--steps", str(STEPS), "--lr", "1e-2",
+                 "--n-train", "40", "--n-val", "8", "--n-test", "8", "--upload", str(up), "--out", str(run)]) == 0
+    assert Upload.from_json(up.read_text()) == device_round.upload
+    assert main(["replay", "--config", str(run), "--message", str(up), "--out", str(adapter)]) == 0
+    expected = replay_upload(eager_client(replay_config(json.loads(run.read_text()))), device_round.upload)
+    assert adapter_digest(read_adapter(adapter)) == adapter_digest(adapter_state(expected.model))
+
+    capsys.readouterr()
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "fo.json").write_text(json.dumps({"task": "sst2", "method": "fo"}))
+    (tmp_path / "odd.json").write_text(json.dumps({"task": "sst2", "colour": "red"}))
+    for config, message, said in [(tmp_path / "none.json", up, "--config .*none.json: no such file"),
+                                  (run, run, "format None; an upload has format 'prge-upload/1'"),
+                                  (tmp_path / "list.json", up, "holds a list"),
+                                  (tmp_path / "odd.json", up, r"not a training config: unknown fields \['colour'\]"),
+                                  (tmp_path / "fo.json", up, "is a fo run; an upload replays the methods prge")]:
+        assert main(["replay", "--config", str(config), "--message", str(message),
+                     "--out", str(tmp_path / "x.safetensors")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(said, err[0]), err

@@ -29,6 +29,7 @@ eager client, the same upload gives the same bits (:func:`prge_lib.distributed.r
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
 from prge_lib.models.loading import load_model
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import build_method
+from prge_lib.zo.defaults import DEFAULT_TARGETS
 from prge_lib.zo.lora import adapter_state, read_adapter
 from prge_lib.zo.prge import PRGE
 
@@ -76,9 +78,16 @@ def runtime_round(pte, task: str, steps: int, host: str = "python", progress: bo
     return ClientRound(result, upload_of_run(result), adapter)
 
 
-def replay_config(result: dict) -> TrainConfig:
-    """The run's config for an eager client: the device run's resolved config without its program."""
-    values = {**result["config"], "program": None, "targets": tuple(result["config"]["targets"])}
+def replay_config(record: dict, source: str = "the config") -> TrainConfig:
+    """The run's config for an eager client: a training result's ``config`` (a device run's or the trainer's)
+    or the config's fields themselves, resolved, without the program a device ran."""
+    values = dict(record["config"] if "config" in record else record)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown or "task" not in values:
+        raise ValueError(f"{source} is not a training config: {'unknown fields ' + str(unknown[:3]) if unknown else 'no task'} "
+                         f"(give a result file of `prge train` or `prge device-train`, or its config)")
+    values.update(program=None, targets=tuple(values.get("targets") or DEFAULT_TARGETS))
     return TrainConfig(**values).resolved()
 
 
