@@ -41,6 +41,38 @@ def test_the_upload_is_the_steps_seeds_and_projected_gradients(device_round):
     assert again == upload                        # JSON carries the fp32 g exactly
 
 
+def test_the_host_derives_the_g_the_program_applied(tiny_program):
+    """With lr = 1 and a zero adapter, the program returns -(1/q) Σ_i g_i z_i. Recomputing that with the host's g
+    (from the returned losses) reproduces most elements bit for bit (all but those whose z the runtime's log or cos
+    rounded otherwise), and more than with any g one or two ulps away: the host's g are the program's."""
+    import torch
+
+    from prge_lib.deploy.export import read_program_meta
+    from prge_lib.deploy.runtime import RuntimeStep, step_record
+    from prge_lib.experiments.bench.program import program_inputs
+    from prge_lib.zo.prng import counter_normal
+
+    settings = read_program_meta(tiny_program)["settings"]
+    inputs = program_inputs(settings)
+    inputs[3], inputs[5] = torch.zeros(settings["adapter_size"]), torch.tensor(1.0)
+    losses, adapter = RuntimeStep(tiny_program)(*inputs)
+    g = torch.tensor(step_record(losses, float(inputs[6]))["projected_grad"])
+    z = torch.stack([counter_normal(int(s), 0, (settings["adapter_size"],)) for s in inputs[4]])
+
+    def agreement(grads):
+        return float((-0.5 * (grads[0] * z[0] + grads[1] * z[1]) == adapter).float().mean())
+
+    def moved(x, ulps):
+        for _ in range(abs(ulps)):
+            x = torch.nextafter(x, torch.tensor(float("inf") if ulps > 0 else float("-inf")))
+        return x
+
+    host = agreement(g)
+    others = [agreement(torch.stack([moved(g[0], a), moved(g[1], b)]))
+              for a in range(-2, 3) for b in range(-2, 3) if (a, b) != (0, 0)]
+    assert host > 0.5 and host > max(others), (host, max(others))
+
+
 def test_another_client_replays_the_device_round_within_the_rounding_envelope(device_round, tiny_folder):
     """Same g, other kernels: the gap stays inside (2q + 15) u Σ_t M_t, and the LoRA-A are the same bits. The
     eager twin, which computes its own g from its own losses, leaves that envelope: what the envelope measures is

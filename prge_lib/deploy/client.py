@@ -7,7 +7,8 @@ another client rebuilds the adapter eagerly from the run's config and that uploa
 derives g from the returned losses (:func:`prge_lib.deploy.runtime.step_record`) with the same fp32 arithmetic:
 the difference of the two rows, divided by 2ε rounded to fp32, which is 2·fl(ε), the program's own divisor.
 Correctly rounded subtraction and division of the same inputs give the same floats, so the upload holds the g
-that the program applied, and the program's outputs stay as chapter 10 exported them.
+that the program applied, and the program's outputs stay as chapter 10 exported them (``tests/test_client.py``
+checks it against the adapter the program returns).
 
 **The bound.** Runtime and replay apply the same g but with different kernels, so their adapters differ by
 rounding only, and, since neither recomputes a loss, the difference is not amplified by 1/2ε (the eager twin of
