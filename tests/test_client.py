@@ -14,6 +14,7 @@ from prge_lib.deploy.client import (DeviceNoise, envelope_constant, eager_client
 from prge_lib.distributed.replay import adapter_digest
 from prge_lib.distributed.upload import Upload, replay_upload, upload_numbers, upload_of_run
 from prge_lib.zo.lora import adapter_state
+from test_native import needs_native      # the same rule: skipped, naming the package, without cmake or g++
 
 STEPS = 8
 TRAIN = {"lr": 1e-2, "n_train": 40, "n_val": 8, "n_test": 8}
@@ -86,6 +87,19 @@ def test_another_client_replays_the_device_round_within_the_rounding_envelope(de
 
     twin = replay_upload(_client(device_round, tiny_folder), upload_of_run(device_round.result["eager"]))
     assert not replay_parity(device_round.adapter, twin, envelope)["within_envelope"]
+
+
+@needs_native
+def test_the_cpp_host_uploads_the_same_round(device_round, device_noise, tiny_program, fixture_data, tiny_folder,
+                                             monkeypatch):
+    """The C++ trainer driving the same program gives the same upload as the Python host (the same kernels on the
+    same inputs), and its adapter replays within the envelope."""
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    native = runtime_round(tiny_program, "sst2", STEPS, host="native", **TRAIN)
+    assert native.upload == device_round.upload
+    client = _client(device_round, tiny_folder)
+    parity = replay_parity(native.adapter, client, replay_with_envelope(client, native.upload, device_noise))
+    assert parity["a_identical"] and parity["within_envelope"]
 
 
 def test_the_envelope_catches_a_changed_projected_gradient(device_round, device_noise, tiny_folder):
