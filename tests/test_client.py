@@ -137,6 +137,8 @@ def test_eager_clients_replaying_one_upload_agree_bit_for_bit(device_round, tiny
     (lambda d: d["steps"][0]["g"].__setitem__(0, float("nan")), "not finite"),
     (lambda d: d["steps"][0]["seeds"].pop(), "1 seeds and 2 projected gradients"),
     (lambda d: d.update(format="other"), "format 'other'"),
+    (lambda d: d.pop("start"), "has no field 'start'"),
+    (lambda d: d["steps"][1].update(g="x"), "step 1: 1 seeds|could not convert"),
 ])
 def test_an_upload_from_another_run_is_refused(device_round, tiny_folder, change, message):
     data = json.loads(device_round.upload.to_json())

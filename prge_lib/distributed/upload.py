@@ -63,9 +63,16 @@ class Upload:
         if not isinstance(data, dict) or data.get("format") != UPLOAD_FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"{source} has format {found!r}; an upload has format {UPLOAD_FORMAT!r}")
-        return cls(int(data["run_seed"]), int(data["q"]), int(data["start"]),
-                   tuple(tuple(int(s) for s in step["seeds"]) for step in data["steps"]),
-                   tuple(tuple(float(x) for x in step["g"]) for step in data["steps"]))
+        try:
+            steps = data["steps"]
+            return cls(int(data["run_seed"]), int(data["q"]), int(data["start"]),
+                       tuple(tuple(int(s) for s in step["seeds"]) for step in steps),
+                       tuple(tuple(float(x) for x in step["g"]) for step in steps))
+        except KeyError as e:
+            raise ValueError(f"{source} has no field {e.args[0]!r} (an upload has run_seed, q, start and steps, "
+                             f"each step its seeds and g)") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
 
 
 def upload_of_run(result: dict, start: int = 0) -> Upload:
