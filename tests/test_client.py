@@ -122,11 +122,9 @@ def test_eager_clients_replaying_one_upload_agree_bit_for_bit(device_round, tiny
     assert adapter_digest(adapter_state(one.model)) == adapter_digest(adapter_state(two.model))
     twin = upload_of_run(device_round.result["eager"])
     whole = replay_upload(_client(device_round, tiny_folder), twin)
-    halves = _client(device_round, tiny_folder)
-    replay_upload(halves, upload_of_run({**device_round.result["eager"],
-                                         "projected_grad": device_round.result["eager"]["projected_grad"][:4]}))
-    replay_upload(halves, upload_of_run({**device_round.result["eager"],
-                                         "projected_grad": device_round.result["eager"]["projected_grad"][4:]}, start=4))
+    halves, eager = _client(device_round, tiny_folder), device_round.result["eager"]
+    replay_upload(halves, upload_of_run({**eager, "projected_grad": eager["projected_grad"][:4]}))
+    replay_upload(halves, upload_of_run({**eager, "projected_grad": eager["projected_grad"][4:]}, start=4))
     assert adapter_digest(adapter_state(whole.model)) == adapter_digest(adapter_state(halves.model))
 
 

@@ -129,8 +129,9 @@ def replay_config(record: dict, source: str = "the config") -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown or "task" not in values:
-        raise ValueError(f"{source} is not a training config: {'unknown fields ' + str(unknown[:3]) if unknown else 'no task'} "
-                         f"(give a result file of `prge train` or `prge device-train`, or its config)")
+        what = f"unknown fields {unknown[:3]}" if unknown else "no task"
+        raise ValueError(f"{source} is not a training config: {what} (give a result file of `prge train` or "
+                         f"`prge device-train`, or its config)")
     values.update(program=None, targets=tuple(values.get("targets") or DEFAULT_TARGETS))
     return TrainConfig(**values).resolved()
 
@@ -173,7 +174,8 @@ def replay_parity(device_adapter: dict[str, torch.Tensor], method: PRGE, envelop
     relative to the replayed adapter's norm."""
     mine, bound = adapter_state(method.model), envelope.bound
     if set(mine) != set(device_adapter):
-        raise ValueError(f"the device adapter's tensors differ from the run's: {sorted(set(mine) ^ set(device_adapter))[:3]}")
+        differ = sorted(set(mine) ^ set(device_adapter))
+        raise ValueError(f"the device adapter's tensors differ from the run's: {differ[:3]}")
     gaps = {name: (device_adapter[name] - mine[name]).abs() for name in bound}
     norm = torch.cat([mine[name].reshape(-1) for name in bound]).norm()
     gap_norm = torch.cat([gap.reshape(-1) for gap in gaps.values()]).norm()
