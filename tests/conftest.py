@@ -47,26 +47,20 @@ def tokenizer(embedded):
 def tiny_factory(tokenizer):
     """Make a fresh, seeded two-layer Llama with the embedded tokenizer's vocabulary: k/v projections are
     64 → 32 (not square), like SmolLM2's 576 → 192. Fast enough for step-by-step equality tests."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from prge_lib.models.tiny import tiny_llama
 
     def make(seed: int = 0, layers: int = 2):
-        torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                             tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
-        return LlamaForCausalLM(config).eval()
+        return tiny_llama(tokenizer, seed, layers)
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_folder(tiny_factory, tokenizer, tmp_path_factory) -> Path:
+def tiny_folder(tokenizer, tmp_path_factory) -> Path:
     """The tiny model and the embedded tokenizer saved as a local model folder (for the command line)."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_factory().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    from prge_lib.models.tiny import save_tiny_llama
+
+    return save_tiny_llama(tokenizer, tmp_path_factory.mktemp("tiny-llama"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""The device commands (chapter 10): ``prge export``, ``prge device-train``, ``prge device-bench``; and ``prge bundle`` (an offline GPU machine's wheels, model and data)."""
+"""The device commands (chapter 10): ``prge export``, ``prge device-train``, ``prge device-bench``; ``prge replay`` (a device's upload rebuilt eagerly, chapter 11); and ``prge bundle`` (an offline GPU machine's wheels, model and data)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from prge_lib.cli.common import add_config_options, note
-from prge_lib.common.provenance import check_writable, provenance, write_result
+from prge_lib.common.provenance import atomic_file, check_writable, provenance, write_result
 from prge_lib.zo.defaults import LORA_R
 
 
@@ -43,6 +43,14 @@ def run_device_train(args) -> int:
                               host=args.host, **sizes)
     result["provenance"] = provenance(time.perf_counter() - start, args.command_line)
     write_result(args.out, result)
+    if args.upload:
+        from prge_lib.distributed.upload import upload_of_run
+
+        upload = upload_of_run(result)
+        with atomic_file(args.upload) as tmp:
+            Path(tmp).write_text(upload.to_json())
+        print(f"prge: the upload of {upload.steps} steps ({Path(args.upload).stat().st_size} bytes) -> {args.upload}; "
+              f"`prge replay --config {args.out} --message {args.upload}` rebuilds the adapter", file=sys.stderr)
     if args.check_eager:
         print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
               f"difference {result['parity']['max_rel_loss_diff']:.1e}", file=sys.stderr)
@@ -143,8 +151,56 @@ def device_train_options(dt) -> None:
     dt.add_argument("--host", default="python", choices=HOSTS,
                     help="what drives the program: this Python process (default), the C++ trainer built for this "
                          "machine (native), or built for aarch64 and run under qemu (native-aarch64); chapter 10")
+    dt.add_argument("--upload", default=None,
+                    help="also write the run's upload: each step's seeds and projected gradients, from which "
+                         "`prge replay` rebuilds the adapter on another client (chapter 11)")
     dt.add_argument("--out", required=True, help="where to write the JSON result")
     dt.set_defaults(run=run_device_train)
+
+
+# the methods whose step is the q seeds and q projected gradients an upload carries (prge_lib.distributed.replay)
+REPLAYABLE = ("prge", "mezo-lorafa")
+
+
+def run_replay(args) -> int:
+    import json
+
+    from prge_lib.deploy.client import eager_client, replay_config
+    from prge_lib.distributed.replay import adapter_digest
+    from prge_lib.distributed.upload import Upload, replay_upload
+    from prge_lib.zo.lora import adapter_state, save_adapter
+
+    texts = {}
+    for option, path in (("--config", args.config), ("--message", args.message)):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{option} {path}: no such file")
+        texts[option] = Path(path).read_text()
+    try:
+        record = json.loads(texts["--config"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config {args.config} is not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"--config {args.config} holds a {type(record).__name__}; give a training result or its config")
+    config = replay_config(record, f"--config {args.config}")
+    if config.method not in REPLAYABLE:
+        raise ValueError(f"--config {args.config} is a {config.method} run; an upload replays the methods "
+                         f"{', '.join(REPLAYABLE)} (their steps are seeds and projected gradients)")
+    upload = Upload.from_json(texts["--message"], f"--message {args.message}")
+    method = replay_upload(eager_client(config), upload)
+    save_adapter(method.model, args.out, {"task": config.task, "method": config.method,
+                                          "replayed_steps": f"{upload.start}-{upload.start + upload.steps - 1}"})
+    print(f"replayed steps {upload.start} to {upload.start + upload.steps - 1} of the {config.task} run "
+          f"(seed {config.seed}, q = {config.q}): adapter sha256 {adapter_digest(adapter_state(method.model))[:16]} "
+          f"-> {args.out}")
+    return 0
+
+
+def replay_options(rp) -> None:
+    rp.add_argument("--config", required=True,
+                    help="the run's config: a result file of `prge train` or `prge device-train`, or its config")
+    rp.add_argument("--message", required=True, help="an upload written by `prge device-train --upload`")
+    rp.add_argument("--out", required=True, help="the rebuilt adapter (safetensors, loadable with load_adapter)")
+    rp.set_defaults(run=run_replay)
 
 
 def device_bench_options(db) -> None:

@@ -24,6 +24,8 @@ def _subcommands() -> dict:
         "train": ("fine-tune a task with one method and write a JSON result", train.method_defaults, train.train_options),
         "export": ("export the P-RGE training step as an ExecuTorch program (chapter 10)", None, device.export_options),
         "device-train": ("train with an exported program in the ExecuTorch runtime", None, device.device_train_options),
+        "replay": ("rebuild an adapter from a run's config and an upload of its steps' seeds and projected "
+                   "gradients (chapter 11)", None, device.replay_options),
         "device-bench": ("a program's step in the runtime beside the same step eager: time, memory, and "
                          "(--profile) where the runtime spends it", None, device.device_bench_options),
         "reproduce": ("run the cells of a paper table (resumable; chapter 7)",
@@ -54,7 +56,7 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
 
 
 # options that name something the command writes: False a file, True a folder
-_OUTPUTS = {"out": False, "save_adapter": False, "checkpoint_dir": True, "results_dir": True, "mmap_dir": True,
+_OUTPUTS = {"out": False, "save_adapter": False, "upload": False, "checkpoint_dir": True, "results_dir": True, "mmap_dir": True,
             "checkpoint_root": True}
 
 
