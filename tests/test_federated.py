@@ -160,3 +160,24 @@ def test_bad_input_is_refused_in_one_line(changes, message, fixture_data, tiny_f
     code = main(["federate", *options(**{**BASE, **changes}, model=tiny_folder), "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and message in err[-1], err
+
+
+def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_path):
+    from prge_lib.experiments.federated_summary import write_summary
+
+    finals = {"centralised": (0.60, 0.62, 0.64), "iid": (0.61, 0.62, 0.66), "label-skew": (0.50, 0.51, 0.53)}
+    for config, values in finals.items():
+        for seed, final in enumerate(values):
+            record = {"seed": seed, "final": {"test": final}, "zero_shot": {"test": 0.5}, "round_losses": [7.0, 6.0],
+                      "communication": None if config == "centralised" else {
+                          "upload_bytes_per_client_round": 111, "download_bytes_per_client_round": 236,
+                          "first_order_fedavg_upload_bytes_per_client_round": 9953280},
+                      "federation": {"clients": 10, "per_round": 2, "local_steps": 5, "rounds": 10},
+                      "config": {"q": 4, "E": 16, "eps": 0.01, "lr": 0.001}, "n_test": 500, "steps": 100}
+            (tmp_path / f"{config}_seed{seed}.json").write_text(json.dumps(record))
+    summary = write_summary(tmp_path)
+    tests = {(t["a"], t["b"]): t for t in summary["tests"]}
+    assert tests[("iid", "centralised")]["verdict"] == "no difference detected"       # +1, +0, +2 points
+    assert abs(tests[("iid", "centralised")]["difference"] - 1.0) < 1e-9
+    assert tests[("label-skew", "centralised")]["verdict"] == "difference"             # −10, −11, −11 points
+    assert summary["rows"]["iid"]["final"]["n"] == 3 and "no difference detected" in (tmp_path / "summary.md").read_text()
