@@ -12,6 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file
 from prge_lib.experiments.stats import DIFFERENCE, paired, verdict_of
 
@@ -19,9 +20,10 @@ CONFIGS = ("centralised", "iid", "label-skew")
 LABELS = {"centralised": "centralised P-RGE (same batches as iid)", "iid": "federated, iid shards",
           "label-skew": "federated, label-skew shards (p 0.9)"}
 COMPARISONS = (("iid", "centralised"), ("label-skew", "centralised"), ("label-skew", "iid"))
+FOLDER = RESULTS / "federated"      # where tools/run_federated writes the runs
 
 
-def read_runs(folder: str | Path) -> dict[str, dict[int, dict]]:
+def read_runs(folder: str | Path = FOLDER) -> dict[str, dict[int, dict]]:
     """Every ``<config>_seed<N>.json`` of ``folder``: {config: {seed: record}}."""
     runs: dict[str, dict[int, dict]] = {c: {} for c in CONFIGS}
     for config in CONFIGS:
@@ -36,7 +38,7 @@ def _spread(values: list[float]) -> dict:
             "sd": statistics.stdev(values) if len(values) > 1 else None, "n": len(values)}
 
 
-def summarize(folder: str | Path) -> dict:
+def summarize(folder: str | Path = FOLDER) -> dict:
     """The summary of the runs in ``folder`` (accuracies in %)."""
     runs = read_runs(folder)
     rows = {}
@@ -72,7 +74,8 @@ def summarize(folder: str | Path) -> dict:
                                                                              "steps": any_run["steps"]}}
 
 
-def _cell(spread: dict) -> str:
+def cell_text(spread: dict) -> str:
+    """A table cell: mean ± sd (number of seeds), or a dash."""
     if spread["mean"] is None:
         return "–"
     return f"{spread['mean']:.1f}" + (f" ± {spread['sd']:.1f}" if spread["sd"] is not None else "") + \
@@ -82,7 +85,7 @@ def _cell(spread: dict) -> str:
 def markdown(summary: dict) -> str:
     lines = ["| configuration | zero-shot | after training | gain (points) |", "|---|---|---|---|"]
     for row in summary["rows"].values():
-        lines.append(f"| {row['label']} | {_cell(row['zero_shot'])} | {_cell(row['final'])} | {_cell(row['gain'])} |")
+        lines.append(f"| {row['label']} | {cell_text(row['zero_shot'])} | {cell_text(row['final'])} | {cell_text(row['gain'])} |")
     lines += ["", "Test accuracy (%) on the first 500 test sentences of each seed: mean ± sd over seeds (number of "
               "seeds). Paired t tests over seeds:", ""]
     for t in summary["tests"]:
@@ -103,4 +106,4 @@ def write_summary(folder: str | Path) -> dict:
 
 
 if __name__ == "__main__":
-    print(markdown(write_summary(sys.argv[1] if len(sys.argv) > 1 else "data/results/federated")))
+    print(markdown(write_summary(sys.argv[1] if len(sys.argv) > 1 else FOLDER)))
