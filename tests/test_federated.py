@@ -93,6 +93,12 @@ def test_server_and_a_replaying_client_hold_the_same_adapter(tiny_factory, token
         comm["download_bytes_per_client_round"]
     assert result["final"]["test"] >= 0 and len(result["round_losses"]) == 3
     assert any(b.abs().max() > 0 for b in s.method.trainable().values())
+    # an adapter four times larger (rank 64 instead of 16): the same upload, a first-order delta four times larger
+    wide = FederatedRun(setup(tiny_factory, tokenizer, fixture_data, tiny_folder, r=64), fed, progress=False).run(
+        zero_shot=0.5)["communication"]
+    assert wide["upload_bytes_per_client_round"] == comm["upload_bytes_per_client_round"]
+    assert wide["first_order_fedavg_upload_bytes_per_client_round"] == \
+        4 * comm["first_order_fedavg_upload_bytes_per_client_round"] == 4 * 4 * result["trainable_parameters"]
 
 
 def test_one_client_one_step_a_round_is_centralised_p_rge_bit_for_bit(tiny_factory, tokenizer, fixture_data,
