@@ -8,7 +8,7 @@ import argparse
 import shlex
 import sys
 
-from prge_lib.cli import bench, device, reproduce, train
+from prge_lib.cli import bench, device, federate, reproduce, train
 from prge_lib.cli.common import EXIT_BAD_INPUT
 from prge_lib.common.provenance import check_writable, start_commit
 from prge_lib.common.settings import fast_mode
@@ -28,6 +28,8 @@ def _subcommands() -> dict:
                    "gradients (chapter 11)", None, device.replay_options),
         "device-bench": ("a program's step in the runtime beside the same step eager: time, memory, and "
                          "(--profile) where the runtime spends it", None, device.device_bench_options),
+        "federate": ("federated P-RGE rounds over simulated clients, each uploading seeds and projected gradients "
+                     "(chapter 11)", None, federate.federate_options),
         "reproduce": ("run the cells of a paper table (resumable; chapter 7)",
                       "Runs every cell of a grid that has no result yet; an interrupted cell resumes from its "
                       "checkpoint, so rerunning continues where it stopped.", reproduce.reproduce_options),
@@ -56,8 +58,8 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
 
 
 # options that name something the command writes: False a file, True a folder
-_OUTPUTS = {"out": False, "save_adapter": False, "upload": False, "checkpoint_dir": True, "results_dir": True, "mmap_dir": True,
-            "checkpoint_root": True}
+_OUTPUTS = {"out": False, "baseline": False, "save_adapter": False, "upload": False, "checkpoint_dir": True,
+            "results_dir": True, "mmap_dir": True, "checkpoint_root": True}
 
 
 def main(argv: list[str] | None = None) -> int:

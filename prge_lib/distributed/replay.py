@@ -9,7 +9,7 @@ the adapter's d.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -31,10 +31,18 @@ def adapter_digest(tensors: dict[str, torch.Tensor]) -> str:
 def replay(method: PRGE, projected_grads: Sequence[Sequence[float]], start: int = 0) -> PRGE:
     """Apply steps ``start``, ``start + 1``, … of a run to ``method``'s adapter from their projected gradients
     alone (``method`` as built for the run's config, at step ``start``); returns ``method``."""
+    return replay_steps(method, enumerate(projected_grads, start), method.lr)
+
+
+@torch.no_grad()
+def replay_steps(method: PRGE, steps: Iterable[tuple[int, Sequence[float]]], lr: float) -> PRGE:
+    """Apply the updates of the steps (seed index t, its q projected gradients), in the order given, at learning
+    rate ``lr``: B ← B − (lr/q) Σ_i g_t,i z(s_t,i). A federated round replays its clients' steps at lr/C
+    (:mod:`prge_lib.distributed.federated`); returns ``method``."""
     if not isinstance(method, PRGE):
         raise ValueError(f"replay rebuilds P-RGE adapters (prge, mezo-lorafa), not {type(method).__name__}")
-    for t, g in enumerate(projected_grads, start):
+    for t, g in steps:
         if len(g) != method.q:
             raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
-        apply_update(method.layers, step_seeds(method.seed, t, method.q), g, method.lr)
+        apply_update(method.layers, step_seeds(method.seed, t, method.q), g, lr)
     return method

@@ -1,6 +1,6 @@
 """The records the library writes as result files, declared once as types (chapters 0, 5, 7): a training run
 (:class:`TrainRecord`: finished or diverged), a zero-shot evaluation (:class:`ZeroShotRecord`) and a benchmark
-(:class:`BenchRecord`); a grid summary's row is ``prge_lib.experiments.summary_row.SummaryRow``. ``prge_lib.experiments.results`` validates result files against the JSON
+(:class:`BenchRecord`), a federated run (:class:`FederatedRecord`); a grid summary's row is ``prge_lib.experiments.summary_row.SummaryRow``. ``prge_lib.experiments.results`` validates result files against the JSON
 schemas read off these types (:func:`prge_lib.common.schema.json_schema`), so the two cannot disagree.
 
 The builders here are the only places these records are put together (:func:`diverged_record`,
@@ -140,7 +140,48 @@ class LMRecord(TypedDict):
     schema_version: NotRequired[int]
 
 
-RECORD_TYPES = {"train": TrainRecord, "zeroshot": ZeroShotRecord, "bench": BenchRecord, "lm": LMRecord}
+class Score(TypedDict):
+    """A test score (the metric on the run's test examples); ``taken_from``: where a score measured before was read."""
+    test: Unit
+    taken_from: NotRequired[str]
+
+
+class FederatedRecord(TypedDict):
+    """A federated P-RGE run, or its centralised baseline over the same batches (``mode``; chapter 11,
+    ``prge_lib.distributed.federated``): the test score before and after, per-round and per-step losses, the
+    clients' shards and label counts, and (federated) the bytes each client uploads and downloads a round."""
+    kind: Literal["federated"]
+    mode: Literal["federated", "centralised"]
+    task: str
+    seed: int
+    config: dict[str, Any]
+    federation: dict[str, Any]
+    steps: Annotated[int, {"minimum": 1}]
+    examples: int
+    n_test: int
+    zero_shot: Score
+    final: Score
+    round_losses: Annotated[list[float], {"minItems": 1}]
+    losses: list[float]
+    communication: dict[str, Any] | None
+    step_s: StepTimes
+    adapter_sha256: str
+    provenance: Provenance
+    schema_version: NotRequired[int]
+    title: NotRequired[str]
+    metric: NotRequired[str]
+    model: NotRequired[str]
+    elapsed_s: NotRequired[dict[str, float]]
+    resumed_at_rounds: NotRequired[list[int]]
+    trainable_parameters: NotRequired[int]
+    data_sizes: NotRequired[dict[str, int]]
+    data_notes: NotRequired[list[str]]
+    uploads: NotRequired[list[Any]]                 # federated: per round its clients and bytes
+    projected_grad: NotRequired[list[Any]]          # centralised: per step [seed index, its q values]
+
+
+RECORD_TYPES = {"train": TrainRecord, "zeroshot": ZeroShotRecord, "bench": BenchRecord, "lm": LMRecord,
+                "federated": FederatedRecord}
 
 
 # ---------------------------------------------------------------- builders

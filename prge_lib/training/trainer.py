@@ -123,7 +123,11 @@ class Trainer:
                 for i in range(0, len(items), 8)]
 
     def batch(self, t: int):
-        items = [self.items[i] for i in self.batch_indices(t)]
+        return self.batch_of(self.batch_indices(t))
+
+    def batch_of(self, indices):
+        """The batch of training examples ``indices``, collated (and bucketed) as every step's batch is."""
+        items = [self.items[i] for i in indices]
         batch = to_bucket(collate(items, self.tokenizer.pad_token_id), parse_buckets(self.config.buckets),
                           self.tokenizer.pad_token_id)
         return batch.to(self.device)

@@ -1,0 +1,302 @@
+"""Federated P-RGE (chapter 11): K clients, each with its own shard of the training sample
+(:mod:`prge_lib.distributed.shards`), C of them chosen each round; a chosen client starts from the global adapter,
+runs S local P-RGE steps (ZO-SGD, Gao et al. Alg. 1) on batches of its shard and uploads only its steps' seed
+indices and projected gradients (:mod:`prge_lib.distributed.messages`). The server aggregates by replay alone
+(FedAvg of the client deltas):
+
+    B ← B + (1/C) Σ_c Σ_s Δ_c,s,      Δ_c,s = −(η/q) Σ_i g_c,s,i z(s_c,s,i)
+
+applied client by client, step by step, in the order of the round's uploads (:func:`apply_broadcast`); every client
+that receives the round's broadcast applies the same function to the same bytes and holds the same adapter, bit
+for bit. The seed schedule is the only shared state: the step of round r, client slot c (its place among the round's
+chosen clients, in increasing id), local step s has seed index t = (r·C + c)·S + s and seeds step_seeds(run seed,
+t, q), unique per (round, client, local step).
+
+The clients are simulated in one process, one after another: the model is loaded once and only the adapter is
+swapped (a client's local steps start from a copy of the global B). The computing cost is the local steps; replay
+draws noise and adds, with no forward. The centralised baseline (``mode="centralised"``) runs single-process P-RGE
+over exactly the batches the clients used, in the order they used them, with the same seed indices, steps and
+learning rate: only the federation differs. With C = 1 and S = 1 the two are the same computation (each round one
+step from the global adapter, applied at η/1) and end bit-identical (tests/test_federated.py).
+
+A run checkpoints after every round (the global adapter, the round index, the broadcasts so far); resumed, it goes
+on as the uninterrupted run would, since every choice is a function of (run seed, round).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from prge_lib.common.provenance import atomic_file
+from prge_lib.distributed.messages import Upload, decode_broadcast, encode_broadcast, encode_upload
+from prge_lib.distributed.replay import adapter_digest, replay_steps
+from prge_lib.distributed.shards import SPLITS, check_split, label_counts, make_shards, shard_sizes
+from prge_lib.training.records import SCHEMA_VERSION, step_times
+from prge_lib.training.trainer import Trainer, TrainingDiverged
+from prge_lib.zo.prge import PRGE
+from prge_lib.zo.rge import mix_seed
+
+MODES = ("federated", "centralised")
+CHECKPOINT_NAME = "federated.pt"
+_CHOICE_TAG, _ORDER_TAG = 0xFED, 0xC11E     # the clients of a round; a client's data order
+
+
+@dataclass(frozen=True)
+class FederatedConfig:
+    """The federation's settings (K clients, C a round, S local steps, R rounds, the split and its skew p)."""
+    clients: int = 10
+    per_round: int = 2
+    local_steps: int = 5
+    rounds: int = 12
+    split: str = "iid"
+    skew: float | None = None
+
+    def check(self, n_train: int, batch_size: int) -> None:
+        """Refuse settings that cannot run, naming the value and what is allowed."""
+        for name in ("clients", "per_round", "local_steps", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        if self.per_round > self.clients:
+            raise ValueError(f"--per-round {self.per_round}: at most --clients ({self.clients}) clients a round")
+        check_split(self.split, self.clients, n_train, self.skew)
+        smallest = min(shard_sizes(n_train, self.clients))
+        if smallest < batch_size:
+            raise ValueError(f"--clients {self.clients}: shards of {smallest} of the {n_train} training examples "
+                             f"cannot fill a batch of {batch_size}; use at most {n_train // batch_size} clients")
+
+    @property
+    def steps(self) -> int:
+        return self.rounds * self.per_round * self.local_steps
+
+
+def round_clients(seed: int, r: int, clients: int, per_round: int) -> list[int]:
+    """The clients of round ``r``: ``per_round`` of ``clients`` drawn from (run seed, r), in increasing id."""
+    return sorted(random.Random(mix_seed(seed, _CHOICE_TAG, r)).sample(range(clients), per_round))
+
+
+def seed_index(fed: FederatedConfig, r: int, slot: int, s: int) -> int:
+    """The step index t whose seeds step_seeds(run seed, t, q) local step ``s`` of slot ``slot`` of round ``r``
+    draws: unique per (round, client, local step)."""
+    return (r * fed.per_round + slot) * fed.local_steps + s
+
+
+def client_batch(seed: int, client: int, shard: list[int], j: int, batch_size: int) -> list[int]:
+    """The examples of a client's ``j``-th local step: its shard in a seeded order per epoch, as the trainer
+    walks the whole sample (a last partial batch dropped)."""
+    epoch, offset = divmod(j * batch_size, len(shard) - len(shard) % batch_size)
+    order = random.Random(mix_seed(seed, _ORDER_TAG, client, epoch)).sample(shard, len(shard))
+    return order[offset:offset + batch_size]
+
+
+def plan(seed: int, fed: FederatedConfig, shards: list[list[int]], batch_size: int) -> list[list[tuple]]:
+    """Every round's work: per chosen client (client, [(seed index t, example indices) per local step])."""
+    done = [0] * fed.clients         # local steps each client has taken so far
+    rounds = []
+    for r in range(fed.rounds):
+        work = []
+        for slot, k in enumerate(round_clients(seed, r, fed.clients, fed.per_round)):
+            steps = [(seed_index(fed, r, slot, s), client_batch(seed, k, shards[k], done[k] + s, batch_size))
+                     for s in range(fed.local_steps)]
+            done[k] += fed.local_steps
+            work.append((k, steps))
+        rounds.append(work)
+    return rounds
+
+
+def apply_broadcast(method: PRGE, broadcast: bytes, per_round: int) -> list[Upload]:
+    """What the server and every client do with a round's broadcast: replay each upload's steps, in order, at
+    η/C (FedAvg of the client deltas); returns the uploads."""
+    _, uploads = decode_broadcast(broadcast)
+    replay_steps(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / per_round)
+    return uploads
+
+
+def adapter_bytes(method: PRGE) -> int:
+    """Bytes of the adapter as float32 numbers, serialized: what a first-order FedAvg client uploads a round
+    (its delta, one number per trainable parameter)."""
+    return len(b"".join(b.detach().cpu().contiguous().numpy().tobytes() for b in method.trainable().values()))
+
+
+class FederatedRun:
+    """One federated (or centralised) run on ``setup``'s model, data and P-RGE method (a :class:`Trainer` built for
+    the run's config, used for its data, batches and evaluation; its adapter is reset to B₀ = 0 here, so one setup
+    serves several runs in turn). ``test``: the examples scored before and after training."""
+
+    def __init__(self, setup: Trainer, fed: FederatedConfig, mode: str = "federated",
+                 checkpoint_dir: str | Path | None = None, progress: bool = True, test: list | None = None):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+        if not isinstance(setup.method, PRGE) or setup.config.engine != "layerwise":
+            raise ValueError(f"federated rounds replay layerwise P-RGE steps (prge, mezo-lorafa), not "
+                             f"{setup.config.method} with engine {setup.config.engine!r}")
+        c = setup.config
+        fed.check(len(setup.items), c.batch_size)
+        self.setup, self.fed, self.mode, self.progress = setup, fed, mode, progress
+        self.method: PRGE = setup.method
+        self.test = setup.data.test if test is None else test
+        self.labels = [setup.task.gold(ex) for ex in setup.data.train]
+        self.shards = make_shards(fed.split, self.labels, fed.clients, c.seed, fed.skew)
+        self.plan = plan(c.seed, fed, self.shards, c.batch_size)
+        self.checkpoint = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
+
+    def identity(self) -> dict:
+        """What a checkpoint must agree on to be resumed."""
+        return {**self.setup.config.identity(), **dataclasses.asdict(self.fed), "mode": self.mode,
+                "n_test": len(self.test)}
+
+    # ----- state
+    def reset(self) -> None:
+        with torch.no_grad():
+            for b in self.method.trainable().values():
+                b.zero_()
+        self.round, self.broadcasts, self.rounds, self.zero_shot, self.resumed = 0, [], [], None, []
+        self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
+
+    def save(self) -> None:
+        if self.checkpoint is None:
+            return
+        payload = {"identity": self.identity(), "round": self.round, "rounds": self.rounds,
+                   "adapter": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()},
+                   "broadcasts": [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.broadcasts],
+                   "zero_shot": self.zero_shot, "elapsed": self.elapsed, "resumed": self.resumed}
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(self.checkpoint) as tmp:
+            torch.save(payload, tmp)
+
+    def load(self) -> None:
+        if self.checkpoint is None or not self.checkpoint.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {self.checkpoint}")
+        payload = torch.load(self.checkpoint, weights_only=True)
+        saved, now = payload["identity"], self.identity()
+        differ = {k: (saved.get(k), now[k]) for k in now if saved.get(k) != now[k]}
+        if differ:
+            raise ValueError(f"the checkpoint {self.checkpoint} was made with other settings (saved, now): {differ}")
+        with torch.no_grad():
+            for name, tensor in self.method.trainable().items():
+                tensor.copy_(payload["adapter"][name])
+        self.round, self.rounds, self.zero_shot = payload["round"], payload["rounds"], payload["zero_shot"]
+        self.broadcasts = [bytes(t.numpy().tobytes()) for t in payload["broadcasts"]]
+        self.elapsed, self.resumed = payload["elapsed"], payload["resumed"] + [self.round]
+
+    def evaluate(self) -> float:
+        start = time.perf_counter()
+        value = self.setup.evaluate(self.test)
+        self.elapsed["eval_s"] += time.perf_counter() - start
+        return value
+
+    # ----- a round
+    def local_steps(self, steps: list[tuple[int, list[int]]]) -> tuple[list, list[float], list[float]]:
+        """P-RGE steps from the adapter as it is: the (t, g) pairs, the losses and the seconds of each."""
+        pairs, losses, seconds = [], [], []
+        for t, indices in steps:
+            start = time.perf_counter()
+            record = self.method.step(self.setup.batch_of(indices), t)
+            seconds.append(time.perf_counter() - start)
+            if not record["finite"]:
+                raise TrainingDiverged(f"round {self.round + 1}, seed index {t}: the loss is {record['loss']} "
+                                       f"(not finite); lower the learning rate (now {self.method.lr}) or ε")
+            pairs.append((t, tuple(record["projected_grad"])))
+            losses.append(record["loss"])
+        return pairs, losses, seconds
+
+    def run_round(self, r: int) -> dict:
+        work, losses, seconds, uploads = self.plan[r], [], [], []
+        if self.mode == "centralised":
+            steps = []
+            for _, client_steps in work:
+                pairs, l, s = self.local_steps(client_steps)
+                steps += pairs
+                losses, seconds = losses + l, seconds + s
+            return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses),
+                    "losses": losses, "step_s": seconds, "steps": [[t, list(g)] for t, g in steps]}
+        start_b = {k: v.detach().clone() for k, v in self.method.trainable().items()}
+        for k, client_steps in work:
+            with torch.no_grad():
+                for name, tensor in self.method.trainable().items():
+                    tensor.copy_(start_b[name])        # every client starts from the global adapter
+            pairs, l, s = self.local_steps(client_steps)
+            losses, seconds = losses + l, seconds + s
+            uploads.append(encode_upload(Upload(k, r, tuple(pairs))))
+        with torch.no_grad():
+            for name, tensor in self.method.trainable().items():
+                tensor.copy_(start_b[name])
+        broadcast = encode_broadcast(r, uploads)
+        apply_broadcast(self.method, broadcast, self.fed.per_round)
+        self.broadcasts.append(broadcast)
+        return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses), "losses": losses,
+                "step_s": seconds, "upload_bytes": [len(u) for u in uploads], "broadcast_bytes": len(broadcast)}
+
+    # ----- the run
+    def run(self, resume: bool = False, zero_shot: float | None = None) -> dict:
+        """Train every round (from the checkpoint with ``resume``) and return the result. ``zero_shot``: the
+        test score at B₀ = 0 when already measured for this model, seed and test set (it is the same for every
+        mode and split); else it is measured here."""
+        self.reset()
+        if resume:
+            self.load()
+        if self.zero_shot is None:
+            self.zero_shot = self.evaluate() if zero_shot is None else zero_shot
+        bar = tqdm(total=self.fed.rounds, initial=self.round, desc=f"{self.mode} {self.fed.split}",
+                   disable=not self.progress)
+        while self.round < self.fed.rounds:
+            start = time.perf_counter()
+            record = self.run_round(self.round)
+            self.elapsed["train_s"] += time.perf_counter() - start
+            self.rounds.append(record)
+            self.round += 1
+            self.save()
+            bar.set_postfix(loss=f"{record['loss']:.3f}")
+            bar.update(1)
+        bar.close()
+        return self.summary(self.evaluate())
+
+    def summary(self, final: float) -> dict:
+        """The result (:class:`prge_lib.training.records.FederatedRecord`, without provenance)."""
+        s, c, fed = self.setup, self.setup.config, self.fed
+        losses = [x for r in self.rounds for x in r["losses"]]
+        record = {
+            "kind": "federated", "schema_version": SCHEMA_VERSION, "mode": self.mode, "task": s.task.name,
+            "title": s.task.title, "metric": s.task.metric, "seed": c.seed,
+            "config": {**dataclasses.asdict(c), **dataclasses.asdict(fed)},
+            "federation": {"clients": fed.clients, "per_round": fed.per_round, "local_steps": fed.local_steps,
+                           "rounds": fed.rounds, "split": fed.split, "skew": fed.skew,
+                           "shard_sizes": [len(x) for x in self.shards],
+                           "label_counts": label_counts(self.shards, self.labels),
+                           "clients_by_round": [r["clients"] for r in self.rounds],
+                           "simulated": "clients run one after another in one process, the model loaded once"},
+            "steps": len(losses), "examples": len(losses) * c.batch_size, "n_test": len(self.test),
+            "zero_shot": {"test": self.zero_shot}, "final": {"test": final},
+            "round_losses": [r["loss"] for r in self.rounds], "losses": losses,
+            "step_s": step_times([x for r in self.rounds for x in r["step_s"]], 5, statistics.median_high),
+            "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
+            "resumed_at_rounds": self.resumed, "adapter_sha256": adapter_digest(self.method.trainable()),
+            "trainable_parameters": sum(p.numel() for p in self.method.trainable().values()),
+            "data_sizes": s.data.sizes(), "data_notes": s.data.notes,
+        }
+        if self.mode == "centralised":
+            record["projected_grad"] = [step for r in self.rounds for step in r["steps"]]
+            record["communication"] = None
+            return record
+        upload = sorted({b for r in self.rounds for b in r["upload_bytes"]})
+        download = sorted({r["broadcast_bytes"] for r in self.rounds})
+        total_up = sum(b for r in self.rounds for b in r["upload_bytes"])
+        total_down = fed.clients * sum(r["broadcast_bytes"] for r in self.rounds)
+        record["communication"] = {
+            "upload_bytes_per_client_round": upload[0] if len(upload) == 1 else upload,
+            "download_bytes_per_client_round": download[0] if len(download) == 1 else download,
+            "total": {"upload": total_up, "download": total_down, "all": total_up + total_down},
+            "first_order_fedavg_upload_bytes_per_client_round": adapter_bytes(self.method),
+            "counted": "len(bytes) of each serialized upload and broadcast (prge_lib.distributed.messages); "
+                       "every one of the K clients receives every broadcast; the first-order figure is the "
+                       "adapter's float32 bytes, the delta a first-order FedAvg client would upload",
+        }
+        record["uploads"] = [{"round": r["round"], "clients": r["clients"], "upload_bytes": r["upload_bytes"],
+                              "broadcast_bytes": r["broadcast_bytes"]} for r in self.rounds]
+        return record

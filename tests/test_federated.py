@@ -1,0 +1,189 @@
+"""Federated P-RGE (prge_lib.distributed.federated, chapter 11) on the tiny model: the shards, the server and a
+client that replays the broadcasts holding the same adapter bit for bit, federated rounds with one client and one
+local step equal to centralised P-RGE bit for bit, a resumed run equal to the uninterrupted one, the upload's
+measured size, and bad input refused.
+
+Why C = 1, S = 1 is centralised P-RGE exactly. Round r has one client, which starts from the global adapter B_r
+and takes one step with seed index t = (r·1 + 0)·1 + 0 = r on its batch: the same B, seeds step_seeds(seed, r, q)
+and rows as centralised step r over the same batches, hence the same forward and the same float32 g. The upload
+carries g as float32 (exact), the server restores B_r (a copy, exact) and replays B_r − (η/C / q) Σ_i g_i z_i with
+C = 1: η/1 = η, and apply_update draws z_i from the same seed and adds in the same order as the step's own update.
+Every operation is the same on the same operands, so every bit is.
+"""
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from prge_lib.cli.main import main
+from prge_lib.data.splits import sample_task
+from prge_lib.data.tasks import get_task
+from prge_lib.distributed.federated import FederatedConfig, FederatedRun, apply_broadcast, plan, seed_index
+from prge_lib.distributed.messages import Upload, decode_upload, encode_upload
+from prge_lib.distributed.replay import adapter_digest
+from prge_lib.distributed.shards import iid_shards, label_counts, label_skew_shards, make_shards
+from prge_lib.training.config import TrainConfig
+from prge_lib.training.records import FederatedRecord
+from prge_lib.common.schema import json_schema
+from prge_lib.training.trainer import Trainer, build_method
+
+SETTINGS = {"task": "sst2", "method": "prge", "q": 2, "E": 4, "lr": 1e-2, "eps": 1e-2, "steps": 1, "eval_every": 0,
+            "n_train": 24, "n_val": 4, "n_test": 8, "max_length": 32, "seed": 0}
+
+
+def setup(tiny_factory, tokenizer, fixture_data, tiny_folder, **changes) -> Trainer:
+    c = TrainConfig(**{**SETTINGS, "model": str(tiny_folder), **changes})
+    data = sample_task(get_task(c.task), c.seed, c.n_train, c.n_val, c.n_test, root=fixture_data)
+    return Trainer(c, tiny_factory(), tokenizer, data, progress=False)
+
+
+# ----- shards
+def test_shards_are_disjoint_cover_the_sample_and_keep_the_skew_rule():
+    labels = [i % 2 for i in range(103)]
+    for shards in (iid_shards(103, 10, 0), label_skew_shards(labels, 10, 0.9, 0)):
+        flat = [i for s in shards for i in s]
+        assert sorted(flat) == list(range(103)) and len(set(flat)) == 103
+        assert [len(s) for s in shards] == [11, 11, 11] + [10] * 7
+    skewed = label_skew_shards(labels, 10, 0.9, 0)
+    for k, counts in enumerate(label_counts(skewed, labels)):
+        home = str(k % 2)
+        assert counts[home] >= int(0.9 * len(skewed[k])), (k, counts)
+    iid = label_counts(iid_shards(103, 10, 0), labels)
+    assert min(c.get("0", 0) for c in iid) < 9        # a random split is not skewed like that
+    assert make_shards("iid", labels, 10, 1) != make_shards("iid", labels, 10, 0)
+
+
+def test_the_plan_gives_every_step_its_own_seed_index_and_batches_from_the_clients_shard():
+    fed = FederatedConfig(clients=4, per_round=2, local_steps=3, rounds=5)
+    shards = iid_shards(40, 4, 0)
+    rounds = plan(0, fed, shards, batch_size=2)
+    indices = [t for work in rounds for _, steps in work for t, _ in steps]
+    assert indices == list(range(fed.steps))
+    for work in rounds:
+        for k, steps in work:
+            assert all(set(rows) <= set(shards[k]) and len(rows) == 2 for _, rows in steps)
+    assert seed_index(fed, 1, 1, 2) == (1 * 2 + 1) * 3 + 2
+
+
+# ----- messages and their sizes
+def test_the_upload_is_its_measured_bytes_and_grows_with_s_times_q_not_the_adapter():
+    g = torch.randn(4, dtype=torch.float32)
+    upload = Upload(3, 7, tuple((t, tuple(g.tolist())) for t in range(5)))
+    data = encode_upload(upload)
+    assert decode_upload(data) == upload                   # float32 values survive exactly
+    assert len(data) == 11 + 5 * (4 + 4 * 4)
+    wider = encode_upload(Upload(3, 7, tuple((t, tuple(range(8))) for t in range(10))))
+    assert len(wider) == 11 + 10 * (4 + 4 * 8)           # S·q four times larger: the steps' part nearly four times
+
+
+def test_server_and_a_replaying_client_hold_the_same_adapter(tiny_factory, tokenizer, fixture_data, tiny_folder):
+    s = setup(tiny_factory, tokenizer, fixture_data, tiny_folder)
+    fed = FederatedConfig(clients=3, per_round=2, local_steps=2, rounds=3)
+    run = FederatedRun(s, fed, progress=False)
+    result = run.run()
+    client = build_method(s.config, tiny_factory())        # a device that joins: the run's config, fresh B₀ = 0
+    for broadcast in run.broadcasts:
+        apply_broadcast(client, broadcast, fed.per_round)
+    assert adapter_digest(client.trainable()) == adapter_digest(s.method.trainable()) == result["adapter_sha256"]
+    comm = result["communication"]
+    assert comm["upload_bytes_per_client_round"] == 11 + 2 * (4 + 4 * 2)
+    assert comm["download_bytes_per_client_round"] == 6 + 2 * (4 + comm["upload_bytes_per_client_round"])
+    assert comm["total"]["all"] == 3 * 2 * comm["upload_bytes_per_client_round"] + 3 * 3 * \
+        comm["download_bytes_per_client_round"]
+    assert result["final"]["test"] >= 0 and len(result["round_losses"]) == 3
+    assert any(b.abs().max() > 0 for b in s.method.trainable().values())
+    # an adapter four times larger (rank 64 instead of 16): the same upload, a first-order delta four times larger
+    wide = FederatedRun(setup(tiny_factory, tokenizer, fixture_data, tiny_folder, r=64), fed, progress=False).run(
+        zero_shot=0.5)["communication"]
+    assert wide["upload_bytes_per_client_round"] == comm["upload_bytes_per_client_round"]
+    assert wide["first_order_fedavg_upload_bytes_per_client_round"] == \
+        4 * comm["first_order_fedavg_upload_bytes_per_client_round"] == 4 * 4 * result["trainable_parameters"]
+
+
+def test_one_client_one_step_a_round_is_centralised_p_rge_bit_for_bit(tiny_factory, tokenizer, fixture_data,
+                                                                        tiny_folder):
+    fed = FederatedConfig(clients=3, per_round=1, local_steps=1, rounds=4)
+    s = setup(tiny_factory, tokenizer, fixture_data, tiny_folder)
+    central = FederatedRun(s, fed, "centralised", progress=False).run(zero_shot=0.5)
+    federated = FederatedRun(s, fed, "federated", progress=False).run(zero_shot=0.5)
+    assert federated["losses"] == central["losses"]
+    assert federated["adapter_sha256"] == central["adapter_sha256"]
+    # with two local steps the client moves before its second step: no longer the centralised computation
+    two = FederatedConfig(clients=3, per_round=2, local_steps=1, rounds=2)
+    assert FederatedRun(s, two, "federated", progress=False).run(zero_shot=0.5)["adapter_sha256"] != \
+        FederatedRun(s, two, "centralised", progress=False).run(zero_shot=0.5)["adapter_sha256"]
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tiny_factory, tokenizer, fixture_data, tiny_folder, tmp_path):
+    fed = FederatedConfig(clients=3, per_round=2, local_steps=2, rounds=3, split="label-skew", skew=0.9)
+    s = setup(tiny_factory, tokenizer, fixture_data, tiny_folder)
+    whole = FederatedRun(s, fed, progress=False).run(zero_shot=0.5)
+    cut = FederatedRun(s, fed, checkpoint_dir=tmp_path, progress=False)
+    cut.plan = cut.plan[:2]                  # "killed" after round 2: the checkpoint holds two rounds
+    with pytest.raises(IndexError):
+        cut.run(zero_shot=0.5)
+    resumed = FederatedRun(s, fed, checkpoint_dir=tmp_path, progress=False).run(resume=True)
+    assert resumed["resumed_at_rounds"] == [2]
+    assert resumed["losses"] == whole["losses"] and resumed["adapter_sha256"] == whole["adapter_sha256"]
+    assert resumed["federation"]["label_counts"] == whole["federation"]["label_counts"]
+
+
+# ----- the command
+def options(**settings) -> list[str]:
+    return [x for k, v in settings.items() for x in ("--" + k.replace("_", "-"), str(v))]
+
+
+BASE = {"task": "sst2", "q": 2, "E": 4, "lr": 1e-2, "n_train": 24, "n_val": 4, "n_test": 8, "max_length": 32,
+        "clients": 3, "per_round": 2, "local_steps": 1, "rounds": 2}
+
+
+def test_the_command_writes_both_results(fixture_data, tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    out, base = tmp_path / "f.json", tmp_path / "c.json"
+    assert main(["federate", *options(**BASE, model=tiny_folder, split="label-skew", skew=0.9), "--out", str(out),
+                 "--baseline", str(base)]) == 0
+    fed, central = json.loads(out.read_text()), json.loads(base.read_text())
+    for record in (fed, central):
+        jsonschema.validate(record, json_schema(FederatedRecord))
+        assert record["provenance"]["command"].startswith("prge federate")
+    assert fed["zero_shot"]["test"] == central["zero_shot"]["test"]
+    assert fed["mode"] == "federated" and central["mode"] == "centralised" and central["communication"] is None
+    assert fed["zero_shot"]["taken_from"].startswith("the centralised baseline")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"split": "label-skew"}, "--skew None: the label-skew split needs a share p"),
+    ({"split": "label-skew", "skew": 1.5}, "--skew 1.5"),
+    ({"skew": 0.9}, "--skew 0.9 applies to --split label-skew only"),
+    ({"per_round": 4}, "--per-round 4: at most --clients (3)"),
+    ({"clients": 13}, "--clients 13: shards of 1 of the 24 training examples cannot fill a batch of 2"),
+    ({"rounds": 0}, "--rounds 0: must be at least 1"),
+])
+def test_bad_input_is_refused_in_one_line(changes, message, fixture_data, tiny_folder, tmp_path, monkeypatch,
+                                          capsys):
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    code = main(["federate", *options(**{**BASE, **changes}, model=tiny_folder), "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and message in err[-1], err
+
+
+def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_path):
+    from prge_lib.experiments.federated_summary import write_summary
+
+    finals = {"centralised": (0.60, 0.62, 0.64), "iid": (0.61, 0.62, 0.66), "label-skew": (0.50, 0.51, 0.53)}
+    for config, values in finals.items():
+        for seed, final in enumerate(values):
+            record = {"seed": seed, "final": {"test": final}, "zero_shot": {"test": 0.5}, "round_losses": [7.0, 6.0],
+                      "communication": None if config == "centralised" else {
+                          "upload_bytes_per_client_round": 111, "download_bytes_per_client_round": 236,
+                          "first_order_fedavg_upload_bytes_per_client_round": 9953280},
+                      "federation": {"clients": 10, "per_round": 2, "local_steps": 5, "rounds": 10},
+                      "config": {"q": 4, "E": 16, "eps": 0.01, "lr": 0.001}, "n_test": 500, "steps": 100}
+            (tmp_path / f"{config}_seed{seed}.json").write_text(json.dumps(record))
+    summary = write_summary(tmp_path)
+    tests = {(t["a"], t["b"]): t for t in summary["tests"]}
+    assert tests[("iid", "centralised")]["verdict"] == "no difference detected"       # +1, +0, +2 points
+    assert abs(tests[("iid", "centralised")]["difference"] - 1.0) < 1e-9
+    assert tests[("label-skew", "centralised")]["verdict"] == "difference"             # −10, −11, −11 points
+    assert summary["rows"]["iid"]["final"]["n"] == 3 and "no difference detected" in (tmp_path / "summary.md").read_text()
