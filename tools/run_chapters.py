@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from stage_book import CHAPTERS, SOURCE, STAGE, was_run, write_config  # noqa: E402
 
+from prge_lib.common.prose import expressions, glued_values, resolve  # noqa: E402
 from prge_lib.common.provenance import atomic_file, provenance  # noqa: E402
 from prge_lib.common.settings import fast_mode  # noqa: E402
 
@@ -143,8 +144,27 @@ def to_run(stage: Path = STAGE) -> list[Path]:
     return [p for p in sorted(stage.glob(CHAPTERS.replace(".md", ".ipynb"))) if not was_run(nbformat.read(p, 4))]
 
 
+def show_numbers(nb) -> int:
+    """Write into each Markdown cell of an executed notebook the `user_expressions` metadata that
+    jupyterlab-myst renders its `{eval}` roles from (what a kernel would have answered, resolved from the
+    glued values as the built book resolves them), so that JupyterLab shows the numbers without running
+    anything. Returns the number of expressions written; an expression that does not resolve raises."""
+    glued, count = glued_values(nb), 0
+    for cell in nb.cells:
+        found = expressions(cell.source) if cell.cell_type == "markdown" else []
+        if found:
+            cell.metadata["user_expressions"] = [
+                {"expression": e, "result": {"status": "ok", "data": {"text/plain": resolve(e, glued).plain},
+                                             "metadata": {}}} for e in found]
+            count += len(found)
+        elif cell.cell_type == "markdown":
+            cell.metadata.pop("user_expressions", None)
+    return count
+
+
 def execute(path: Path) -> float:
-    """Execute one staged notebook in its folder, write its outputs back; return the seconds it took."""
+    """Execute one staged notebook in its folder, write its outputs back, with the replies to its `{eval}`
+    roles (`show_numbers`); return the seconds the execution took."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
@@ -155,6 +175,7 @@ def execute(path: Path) -> float:
     start = time.perf_counter()
     client.execute()          # a failing cell raises: the notebook is not written, so it runs again next time
     seconds = time.perf_counter() - start
+    show_numbers(nb)
     nbformat.write(nb, path)
     return seconds
 
