@@ -155,3 +155,22 @@ def test_executed_notebook_shows_glued_numbers_in_jupyterlab(tmp_path):
     line = " ".join(shown.text.split())
     assert "The ratio is 0.667 and the label seven." in line, line
     assert "ratio:" not in line and "`label`" not in line, line
+
+
+def test_saving_a_chapter_writes_no_numbers_into_its_markdown(tmp_path):
+    """book/jupytext.toml: a chapter saved from JupyterLab after its Markdown cells ran (jupyterlab-myst
+    stores their `{eval}` values in the cell metadata) is written back byte for byte as it was read."""
+    from jupyter_server.services.contents.largefilemanager import LargeFileManager
+    from jupytext.sync_contentsmanager import build_sync_jupytext_contents_manager_class
+
+    (tmp_path / "book").mkdir()
+    for name in ("jupytext.toml", Path(CHAPTER).name):
+        (tmp_path / "book" / name).write_text((ROOT / "book" / name).read_text())
+    manager = build_sync_jupytext_contents_manager_class(LargeFileManager)(root_dir=str(tmp_path))
+    nb = manager.get(CHAPTER)["content"]
+    ran = [c for c in nb.cells if c.cell_type == "markdown" and "{eval}" in c.source]
+    assert ran, f"{CHAPTER} has no {{eval}} role"
+    for cell in ran:
+        cell.metadata["user_expressions"] = [{"expression": "x", "result": {"status": "ok", "data": {"text/plain": "1"}}}]
+    manager.save({"type": "notebook", "format": "json", "content": nb}, CHAPTER)
+    assert (tmp_path / CHAPTER).read_text() == (ROOT / CHAPTER).read_text()

@@ -65,28 +65,6 @@ def test_roles_and_glued_values_are_read_from_a_notebook():
     assert glued_values(nb) == {"n": "3", "s": "'s'"}
 
 
-def test_run_chapters_writes_what_jupyterlab_myst_reads():
-    """The `user_expressions` metadata of an executed notebook's Markdown cells: one reply per expression,
-    in the shape of a kernel's reply; cells without roles carry none; an unresolved role stops the run."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from run_chapters import show_numbers
-
-    glue = {"output_type": "display_data", "data": {"text/plain": "0.25"},
-            "metadata": {"scrapbook": {"name": "share", "mime_prefix": ""}}}
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("", outputs=[glue]),
-        nbformat.v4.new_markdown_cell('{eval}`f"{share:.0%}"` of {eval}`share`, again {eval}`share`'),
-        nbformat.v4.new_markdown_cell("no roles", metadata={"user_expressions": [{"expression": "old"}]})])
-    assert show_numbers(nb) == 2
-    assert nb.cells[1].metadata["user_expressions"] == [
-        {"expression": 'f"{share:.0%}"', "result": {"status": "ok", "data": {"text/plain": "'25%'"}, "metadata": {}}},
-        {"expression": "share", "result": {"status": "ok", "data": {"text/plain": "0.25"}, "metadata": {}}}]
-    assert "user_expressions" not in nb.cells[2].metadata
-    nb.cells[2].source = "{eval}`missing`"
-    with pytest.raises(ValueError, match="no value glued as 'missing'"):
-        show_numbers(nb)
-
-
 def _glue_names(cells) -> tuple[set[str], list[re.Pattern]]:
     """What the chapter's code glues, read from its source: the literal names of glue() calls, the
     patterns of f-string names, and for a name held in a variable every identifier-like string of that

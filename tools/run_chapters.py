@@ -7,6 +7,10 @@ the per-cell timeout of its metadata; the outputs are written back, so the build
 chapter executed. Before each chapter a line says where the run is: "chapter k of n: NAME,
 elapsed ..., recorded time of what remains ..." (from the times of earlier runs in this mode).
 
+Each executed chapter also gets, in its Markdown cells' metadata, the values of their `{eval}` roles as a
+kernel would have returned them (`show_numbers`), so that it opens in JupyterLab with its numbers shown;
+chapters executed otherwise (by nbmake) get them at the end of a run.
+
 Each chapter's execution seconds go to data/results/book/chapter_times.json, under the mode
 it ran in ("fast" with PRGE_FAST=1, else "full"), with the provenance of the run. Entries of
 the other mode and of chapters not run now are kept. The table of those times in README.md
@@ -180,6 +184,21 @@ def execute(path: Path) -> float:
     return seconds
 
 
+def show_numbers_in(stage: Path = STAGE) -> list[str]:
+    """`show_numbers` on every executed staged chapter whose replies are missing or stale (one executed by
+    `pytest --nbmake --overwrite`, say); return the names of those written again."""
+    written = []
+    for path in sorted(stage.glob(CHAPTERS.replace(".md", ".ipynb"))):
+        nb = nbformat.read(path, as_version=4)
+        if was_run(nb):
+            before = [cell.metadata.get("user_expressions") for cell in nb.cells]
+            show_numbers(nb)
+            if before != [cell.metadata.get("user_expressions") for cell in nb.cells]:
+                nbformat.write(nb, path)
+                written.append(path.stem)
+    return written
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -202,6 +221,8 @@ def run(stage: Path = STAGE, times_path: Path = TIMES, mode: str | None = None, 
             out(f"{len(done)} of {len(todo)} chapters executed in {duration(time.perf_counter() - start)} "
                 f"({mode} mode)")
             write_config(stage, source)         # the build must not execute them again
+    for name in show_numbers_in(stage):
+        out(f"{name}: the values of its {{eval}} roles written for JupyterLab")
     return done
 
 
