@@ -117,3 +117,25 @@ def test_every_role_of_an_executed_chapter_resolves(chapter):
     for cell in nb.cells:
         for expression in expressions(cell.source) if cell.cell_type == "markdown" else ():
             resolve(expression, glued)
+
+
+def test_glue_binds_the_name_in_the_kernel_and_refuses_to_rebind_the_chapters_own():
+    """glue() in an IPython shell: the name holds the value where jupyterlab-myst evaluates `{eval}`; a
+    name glued before may be glued again, one the chapter bound itself only to the same object; a name that
+    is not a Python name or that hides a builtin is refused."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell("from prge_lib.common.prose import glue\nsteps = 1000\nglue('share', 0.25, display=False)",
+                       silent=True).raise_error()
+        assert shell.user_ns["share"] == 0.25
+        shell.run_cell("glue('share', 0.5, display=False); glue('steps', steps, display=False)").raise_error()
+        assert shell.user_ns["share"] == 0.5 and shell.user_ns["steps"] == 1000
+        for name, why in [("steps", r"the chapter binds steps itself \(to a value of type int\)"), ("max", "would hide the builtin"),
+                          ("two words", "reads it as a Python name"), ("lambda", "reads it as a Python name")]:
+            with pytest.raises(ValueError, match=why):
+                shell.run_cell(f"glue({name!r}, 3, display=False)").raise_error()
+        assert shell.user_ns["steps"] == 1000
+    finally:
+        InteractiveShell.clear_instance()

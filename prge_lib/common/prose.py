@@ -18,7 +18,7 @@ FORMS = 'a glued name, or f"{name:spec}" with a format spec'
 ROLE = re.compile(r"\{eval\}`([^`]+)`")
 GLUE_PREFIX = "application/papermill.record/"      # myst-nb's prefix of outputs glued with display=False
 
-_glued: set[str] = set()      # the names glue() bound in this kernel: these may be glued again
+_bound: dict[str, Any] = {}   # what glue() bound each name to in this kernel: such a name may be glued again
 
 
 class Shown(NamedTuple):
@@ -94,8 +94,8 @@ def glued_values(nb) -> dict[str, str]:
 def glue(name: str, variable: Any, display: bool = True) -> None:
     """myst-nb's ``glue(name, variable, display)``, and ``name`` bound to ``variable`` in the kernel's
     namespace, where jupyterlab-myst evaluates the prose's `{eval}` roles. A name that is not an identifier,
-    that names a builtin, or that the chapter bound to another object itself is refused; a name glued before
-    may be glued again."""
+    that names a builtin, or that the chapter bound to another object itself is refused (also after gluing
+    that object under it); a name that glue() bound may be glued again."""
     from IPython import get_ipython
     from myst_nb import glue as glue_output
 
@@ -106,9 +106,10 @@ def glue(name: str, variable: Any, display: bool = True) -> None:
     shell = get_ipython()
     if shell is not None:
         namespace = shell.user_ns
-        if name in namespace and name not in _glued and namespace[name] is not variable:
-            raise ValueError(f"glue name {name!r}: the chapter binds {name} to a {type(namespace[name]).__name__} "
-                             f"itself; glue under another name")
-        namespace[name] = variable
-        _glued.add(name)
+        if name in namespace and namespace[name] is not variable:
+            if name not in _bound or namespace[name] is not _bound[name]:
+                raise ValueError(f"glue name {name!r}: the chapter binds {name} itself (to a value of type "
+                                 f"{type(namespace[name]).__name__}); glue under another name")
+        if name not in namespace or name in _bound:
+            namespace[name] = _bound[name] = variable
     glue_output(name, variable, display=display)
