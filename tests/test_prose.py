@@ -102,6 +102,33 @@ def test_every_role_of_a_chapter_is_allowed_and_names_a_glued_value(chapter):
             f"{chapter.name}: {{eval}}`{expression}` names {name!r}, which its code does not glue"
 
 
+def _glued_expressions(tree: ast.AST) -> list[tuple[str, str]]:
+    """(name, the expression glued under it) for glue() calls with a literal name, and for glue(key, value)
+    in a loop over the items of a dict literal."""
+    pairs = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "glue" and len(node.args) > 1 \
+                and isinstance(node.args[0], ast.Constant):
+            pairs.append((node.args[0].value, ast.unparse(node.args[1])))
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and \
+                isinstance(getattr(node.iter.func, "value", None), ast.Dict):
+            table = node.iter.func.value
+            pairs += [(k.value, ast.unparse(v)) for k, v in zip(table.keys, table.values)
+                      if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return pairs
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_binds_a_glued_name_to_another_value(chapter):
+    """A name the chapter glues holds the glued value in the kernel (JupyterLab evaluates `{eval}` there):
+    where the chapter's code also binds that name itself, before or after, it glues that very variable.
+    (glue() refuses the case "before" at run time; this also finds "after".)"""
+    tree = ast.parse("\n".join(c.source for c in jupytext.read(chapter).cells if c.cell_type == "code"))
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    clashes = [(name, value) for name, value in _glued_expressions(tree) if name in bound and value != name]
+    assert not clashes, f"{chapter.name}: glued names that its code binds to something else: {clashes}"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_every_role_of_an_executed_chapter_resolves(chapter):
     """Where tools/run_chapters.py or nbmake executed the staged chapter, each of its roles resolves from
