@@ -103,7 +103,7 @@ def test_raw_myst_is_found_as_a_reader_sees_it():
     shown = ("<p>{doc}<code>Chapter 2 &lt;02_rge&gt;</code> showed</p>"
              "<pre>```{code-cell} ipython3\nx = 1</pre><div><p>:::{note}</p></div>")
     assert len(raw_myst(Prose(shown))) == 3, Prose(shown).text
-    quiet = ("<p>the role <code>{glue:text}`key`</code>, a set {1, 2}, a name {q}</p>"
+    quiet = ("<p>the role <code>{eval}`f'{key:.2f}'`</code>, a set {1, 2}, a name {q}</p>"
              "<pre>print(f\"{q}`\")</pre><script>let s = '{doc}`x`';</script>")
     assert raw_myst(Prose(quiet)) == []
 

@@ -3,7 +3,8 @@
 JupyterLab starts on 127.0.0.1 (a free port, a token, no browser of its own, settings, workspaces and
 runtime files in a temporary folder) and is stopped at the end; headless Chromium (tests/browser.py)
 opens book/05_outer_loop.md there as a notebook (jupytext) with all traffic kept on this machine, and
-the rendered cells are read from its DOM.
+the rendered cells are read from its DOM. A second test opens a notebook executed as tools/run_chapters.py
+executes the chapters and finds the numbers of its `{eval}` roles shown.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import jupytext
+import nbformat
 
 from browser import Page, Prose, chromium, external, free_port, need_chromium, raw_myst, unavailable
 
@@ -44,8 +46,8 @@ def _need_jupyterlab_myst() -> None:
 
 
 @contextmanager
-def jupyterlab(folder: Path):
-    """JupyterLab serving the repository; yields its base URL and token, stops it (and its kernels)."""
+def jupyterlab(folder: Path, root: Path = ROOT):
+    """JupyterLab serving `root` (the repository); yields its base URL and token, stops it (and its kernels)."""
     for name, values in SETTINGS.items():
         path = folder / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,7 @@ def jupyterlab(folder: Path):
     port, token = free_port(), secrets.token_hex(16)
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={ROOT}", "--LabApp.extension_manager=readonly"]
+               f"--ServerApp.root_dir={root}", "--LabApp.extension_manager=readonly"]
     if os.geteuid() == 0:
         command.append("--allow-root")
     log = folder / "jupyterlab.log"
@@ -108,3 +110,67 @@ def test_chapter_renders_myst_in_jupyterlab(tmp_path):
     assert not raw, f"raw MyST shown in JupyterLab: {raw}"
     remote = [load for load in Page(dom).loads if external(load[1])]
     assert not remote, f"JupyterLab loads remote resources: {remote}"
+
+
+NUMBERS = """\
+---
+jupytext:
+  text_representation: {extension: .md, format_name: myst}
+kernelspec: {display_name: Python 3, language: python, name: python3}
+---
+
+# Numbers
+
+```{code-cell} ipython3
+from prge_lib.common.prose import glue
+
+glue("ratio", 2 / 3, display=False)
+glue("label", "seven", display=False)
+```
+
+The ratio is {eval}`f"{ratio:.3f}"` and the label {eval}`label`.
+"""
+
+
+def test_executed_notebook_shows_glued_numbers_in_jupyterlab(tmp_path):
+    """A notebook executed by tools/run_chapters.py's `execute` opens in JupyterLab with the values of its
+    `{eval}` roles in the rendered Markdown, without running anything: "0.667" and "seven", not the
+    expressions."""
+    need_chromium()
+    _need_jupyterlab_myst()
+    sys.path.insert(0, str(ROOT / "tools"))
+    from run_chapters import execute
+
+    folder = tmp_path / "book"
+    folder.mkdir()
+    path = folder / "numbers.ipynb"
+    nbformat.write(jupytext.reads(NUMBERS, fmt="md:myst"), path)
+    execute(path)
+    with jupyterlab(tmp_path, root=folder) as (base, token):
+        dom = chromium(f"{base}lab/tree/numbers.ipynb?token={token}", tmp_path / "profile", "--dump-dom",
+                       "--window-size=1280,1200", budget_ms=30000, timeout=300)
+    shown = Prose(dom, inside=lambda classes: "jp-MarkdownCell" in classes,
+                  skip=lambda classes: "lm-mod-hidden" in classes)
+    assert "The ratio is" in shown.text, "the Markdown cell is not shown"
+    line = " ".join(shown.text.split())
+    assert "The ratio is 0.667 and the label seven." in line, line
+    assert "ratio:" not in line and "`label`" not in line, line
+
+
+def test_saving_a_chapter_writes_no_numbers_into_its_markdown(tmp_path):
+    """book/jupytext.toml: a chapter saved from JupyterLab after its Markdown cells ran (jupyterlab-myst
+    stores their `{eval}` values in the cell metadata) is written back byte for byte as it was read."""
+    from jupyter_server.services.contents.largefilemanager import LargeFileManager
+    from jupytext.sync_contentsmanager import build_sync_jupytext_contents_manager_class
+
+    (tmp_path / "book").mkdir()
+    for name in ("jupytext.toml", Path(CHAPTER).name):
+        (tmp_path / "book" / name).write_text((ROOT / "book" / name).read_text())
+    manager = build_sync_jupytext_contents_manager_class(LargeFileManager)(root_dir=str(tmp_path))
+    nb = manager.get(CHAPTER)["content"]
+    ran = [c for c in nb.cells if c.cell_type == "markdown" and "{eval}" in c.source]
+    assert ran, f"{CHAPTER} has no {{eval}} role"
+    for cell in ran:
+        cell.metadata["user_expressions"] = [{"expression": "x", "result": {"status": "ok", "data": {"text/plain": "1"}}}]
+    manager.save({"type": "notebook", "format": "json", "content": nb}, CHAPTER)
+    assert (tmp_path / CHAPTER).read_text() == (ROOT / CHAPTER).read_text()

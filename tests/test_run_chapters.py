@@ -1,5 +1,6 @@
 """The chapter runner's bookkeeping (tools/run_chapters.py): times kept per mode without losing any, the
-progress line, the table; and one run on a one-cell notebook."""
+progress line, the table; one run on a one-cell notebook; the values of the `{eval}` roles written for
+JupyterLab."""
 
 from __future__ import annotations
 
@@ -98,3 +99,42 @@ def test_run_executes_only_notebooks_without_outputs(tmp_path):
     assert set(json.loads(times.read_text())) == {"fast"}
     assert "00_one.ipynb" in (stage / "_config.yml").read_text()   # the build will not execute it again
     assert runner["run"](stage, times, "fast", lines.append) == []
+
+
+def test_run_chapters_writes_what_jupyterlab_myst_reads():
+    """The `user_expressions` metadata of an executed notebook's Markdown cells: one reply per expression,
+    in the shape of a kernel's reply; cells without roles carry none; an unresolved role stops the run."""
+    show_numbers = runner["show_numbers"]
+    glue = {"output_type": "display_data", "data": {"text/plain": "0.25"},
+            "metadata": {"scrapbook": {"name": "share", "mime_prefix": ""}}}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("", outputs=[glue]),
+        nbformat.v4.new_markdown_cell('{eval}`f"{share:.0%}"` of {eval}`share`, again {eval}`share`'),
+        nbformat.v4.new_markdown_cell("no roles", metadata={"user_expressions": [{"expression": "old"}]})])
+    assert show_numbers(nb) == 2
+    assert nb.cells[1].metadata["user_expressions"] == [
+        {"expression": 'f"{share:.0%}"', "result": {"status": "ok", "data": {"text/plain": "'25%'"}, "metadata": {}}},
+        {"expression": "share", "result": {"status": "ok", "data": {"text/plain": "0.25"}, "metadata": {}}}]
+    assert "user_expressions" not in nb.cells[2].metadata
+    nb.cells[2].source = "{eval}`missing`"
+    with pytest.raises(ValueError, match="no value glued as 'missing'"):
+        show_numbers(nb)
+
+
+def _glued_notebook(run: bool):
+    glue = nbformat.v4.new_output("display_data", data={"text/plain": "7"},
+                                  metadata={"scrapbook": {"name": "n", "mime_prefix": ""}})
+    code = nbformat.v4.new_code_cell("", outputs=[glue] if run else [], execution_count=1 if run else None)
+    return nbformat.v4.new_notebook(cells=[code, nbformat.v4.new_markdown_cell("n is {eval}`n`")])
+
+
+def test_executed_chapters_without_the_values_get_them_once(tmp_path):
+    """A staged chapter executed by nbmake (outputs, no `user_expressions`) gets them; one not executed and
+    one already current are left as they are."""
+    nbformat.write(_glued_notebook(run=True), tmp_path / "00_run.ipynb")
+    nbformat.write(_glued_notebook(run=False), tmp_path / "01_staged.ipynb")
+    assert runner["show_numbers_in"](tmp_path) == ["00_run"]
+    cell = nbformat.read(tmp_path / "00_run.ipynb", as_version=4).cells[1]
+    assert cell.metadata["user_expressions"][0]["result"]["data"] == {"text/plain": "7"}
+    assert "user_expressions" not in nbformat.read(tmp_path / "01_staged.ipynb", as_version=4).cells[1].metadata
+    assert runner["show_numbers_in"](tmp_path) == []

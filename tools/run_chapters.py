@@ -7,6 +7,10 @@ the per-cell timeout of its metadata; the outputs are written back, so the build
 chapter executed. Before each chapter a line says where the run is: "chapter k of n: NAME,
 elapsed ..., recorded time of what remains ..." (from the times of earlier runs in this mode).
 
+Each executed chapter also gets, in its Markdown cells' metadata, the values of their `{eval}` roles as a
+kernel would have returned them (`show_numbers`), so that it opens in JupyterLab with its numbers shown;
+chapters executed otherwise (by nbmake) get them at the end of a run.
+
 Each chapter's execution seconds go to data/results/book/chapter_times.json, under the mode
 it ran in ("fast" with PRGE_FAST=1, else "full"), with the provenance of the run. Entries of
 the other mode and of chapters not run now are kept. The table of those times in README.md
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from stage_book import CHAPTERS, SOURCE, STAGE, was_run, write_config  # noqa: E402
 
+from prge_lib.common.prose import expressions, glued_values, resolve  # noqa: E402
 from prge_lib.common.provenance import atomic_file, provenance  # noqa: E402
 from prge_lib.common.settings import fast_mode  # noqa: E402
 
@@ -174,8 +179,27 @@ def to_run(stage: Path = STAGE) -> list[Path]:
     return [p for p in sorted(stage.glob(CHAPTERS.replace(".md", ".ipynb"))) if not was_run(nbformat.read(p, 4))]
 
 
+def show_numbers(nb) -> int:
+    """Write into each Markdown cell of an executed notebook the `user_expressions` metadata that
+    jupyterlab-myst renders its `{eval}` roles from (what a kernel would have answered, resolved from the
+    glued values as the built book resolves them), so that JupyterLab shows the numbers without running
+    anything. Returns the number of expressions written; an expression that does not resolve raises."""
+    glued, count = glued_values(nb), 0
+    for cell in nb.cells:
+        found = expressions(cell.source) if cell.cell_type == "markdown" else []
+        if found:
+            cell.metadata["user_expressions"] = [
+                {"expression": e, "result": {"status": "ok", "data": {"text/plain": resolve(e, glued).plain},
+                                             "metadata": {}}} for e in found]
+            count += len(found)
+        elif cell.cell_type == "markdown":
+            cell.metadata.pop("user_expressions", None)
+    return count
+
+
 def execute(path: Path) -> float:
-    """Execute one staged notebook in its folder, write its outputs back; return the seconds it took."""
+    """Execute one staged notebook in its folder, write its outputs back, with the replies to its `{eval}`
+    roles (`show_numbers`); return the seconds the execution took."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
@@ -186,8 +210,24 @@ def execute(path: Path) -> float:
     start = time.perf_counter()
     client.execute()          # a failing cell raises: the notebook is not written, so it runs again next time
     seconds = time.perf_counter() - start
+    show_numbers(nb)
     nbformat.write(nb, path)
     return seconds
+
+
+def show_numbers_in(stage: Path = STAGE) -> list[str]:
+    """`show_numbers` on every executed staged chapter whose replies are missing or stale (one executed by
+    `pytest --nbmake --overwrite`, say); return the names of those written again."""
+    written = []
+    for path in sorted(stage.glob(CHAPTERS.replace(".md", ".ipynb"))):
+        nb = nbformat.read(path, as_version=4)
+        if was_run(nb):
+            before = [cell.metadata.get("user_expressions") for cell in nb.cells]
+            show_numbers(nb)
+            if before != [cell.metadata.get("user_expressions") for cell in nb.cells]:
+                nbformat.write(nb, path)
+                written.append(path.stem)
+    return written
 
 
 def _say(line: str) -> None:
@@ -212,6 +252,8 @@ def run(stage: Path = STAGE, times_path: Path = TIMES, mode: str | None = None, 
             out(f"{len(done)} of {len(todo)} chapters executed in {duration(time.perf_counter() - start)} "
                 f"({mode} mode)")
             write_config(stage, source)         # the build must not execute them again
+    for name in show_numbers_in(stage):
+        out(f"{name}: the values of its {{eval}} roles written for JupyterLab")
     return done
 
 

@@ -56,6 +56,8 @@ CHAPTERS = "[0-9][0-9]_*.md"
 SKIP = {"_build", ".ipynb_checkpoints", "__pycache__", "_config.yml"}
 LIBRARY = ROOT / "prge_lib"
 RESULTS = ROOT / "data" / "results"
+# cell metadata that a run writes (run_chapters: the replies to the prose's {eval} roles), not the source
+RUN_METADATA = {"execution", "user_expressions"}
 NOT_INPUTS = {"book"}     # data/results/book: the chapters' execution times, written by the build itself
 # names by which chapter code reads result files
 READS_RESULTS = {"RESULTS", "rp", "load_results", "read_if_present", "read_result"}
@@ -203,7 +205,7 @@ def dependencies(nb, library: Library, results: Path = RESULTS) -> dict:
 def _signature(nb) -> dict:
     """What decides whether a staged notebook is still current: cells, settings, dependencies."""
     cells = [
-        (c.cell_type, c.source, {k: v for k, v in c.metadata.items() if k != "execution"})
+        (c.cell_type, c.source, {k: v for k, v in c.metadata.items() if k not in RUN_METADATA})
         for c in nb.cells
     ]
     stage = nb.metadata.get("prge_stage") or {}
