@@ -4,6 +4,7 @@ loses them. Nothing is executed here."""
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -150,3 +151,29 @@ def test_real_chapters_depend_on_the_modules_they_import():
     assert "prge_lib.deploy.export" not in rge
     device = stager["modules_used"](jupytext.read(ROOT / "book" / "10_on_device.md"), library)
     assert "prge_lib.deploy" in device and any(p.name == "trainer.cpp" for p in library.data["prge_lib.deploy"])
+
+
+def test_links_between_chapters_point_at_the_staged_notebooks(repo):
+    """A Markdown link to a chapter's source (what JupyterLab opens) becomes a link to its staged notebook (what
+    Sphinx resolves), in chapters and in the other pages; other links and the sources are left as they were."""
+    link = "See [chapter 1](01_two.md), [its part](01_two.md#part), [a file](notes.md) and [x](https://e.org/a.md).\n"
+    (repo / "book" / "00_one.md").write_text((repo / "book" / "00_one.md").read_text() + "\n" + link)
+    (repo / "book" / "intro.md").write_text("# Intro\n\n" + link)
+    stage = _stage(repo)
+    staged = "See [chapter 1](01_two.ipynb), [its part](01_two.ipynb#part), [a file](notes.md) and [x](https://e.org/a.md).\n"
+    chapter = nbformat.read(stage / "00_one.ipynb", as_version=4)
+    assert chapter.cells[-1].source.strip() == staged.strip()
+    assert (stage / "intro.md").read_text() == "# Intro\n\n" + staged
+    assert (repo / "book" / "intro.md").read_text() == "# Intro\n\n" + link
+
+
+def test_book_links_chapters_with_markdown_links_not_doc_roles():
+    """Chapters and the intro link chapters with Markdown links to existing chapter files, which JupyterLab
+    follows; a {doc} role renders there as a link to a file without its extension, which opens nothing."""
+    pages = sorted((ROOT / "book").glob("*.md"))
+    stems = {p.stem for p in pages}
+    for page in pages:
+        text = page.read_text()
+        assert "{doc}`" not in text, f"{page.name}: a {{doc}} role; link the chapter as [text](NN_name.md)"
+        for target in re.findall(r"\]\(([^)\s#]+)\.md(?:#[^)]*)?\)", text):
+            assert target in stems, f"{page.name}: a link to {target}.md, which is not a page of the book"

@@ -31,6 +31,10 @@ execute.exclude_patterns, so that `jupyter-book build` does not execute them aga
 output, e.g. a cell that only imports.) Each staged notebook also gets the book's per-cell
 timeout in its metadata, where nbmake reads it (nbmake's own default is 300 s).
 
+Links between chapters are Markdown links to the chapter files (`[chapter 2](02_rge.md)`), which JupyterLab
+opens; in the staged copies they point at the staged notebooks (`02_rge.ipynb`), which Sphinx resolves to the
+page (a link to `02_rge.md` would name a file that is not in the staged book).
+
 Usage: python tools/stage_book.py
 """
 
@@ -218,6 +222,19 @@ def was_run(nb) -> bool:
     return any(c.get("execution_count") is not None for c in nb.cells if c.cell_type == "code")
 
 
+def _chapter_link(chapters: set[str]) -> re.Pattern:
+    names = "|".join(re.escape(name) for name in sorted(chapters))
+    return re.compile(rf"\]\(({names})\.md(#[^)\s]*)?\)")
+
+
+def link_staged(text: str, chapters: set[str]) -> str:
+    """`text` with its Markdown links to chapter sources (`](02_rge.md)`, `](02_rge.md#part)`) pointing at the
+    staged notebooks (`](02_rge.ipynb)`, …). `chapters`: the chapters' file stems."""
+    if not chapters:
+        return text
+    return _chapter_link(chapters).sub(lambda m: f"]({m.group(1)}.ipynb{m.group(2) or ''})", text)
+
+
 def stage_chapter(src: Path, dst: Path, timeout: int | None = None, library: Library | None = None,
                   results: Path = RESULTS) -> str | None:
     """Convert one MyST chapter to an output-free notebook, unless `dst` is still current.
@@ -227,6 +244,10 @@ def stage_chapter(src: Path, dst: Path, timeout: int | None = None, library: Lib
     the notebook's execution metadata, where nbmake reads it, unless the chapter sets its own.
     """
     nb = jupytext.read(src)
+    chapters = {p.stem for p in src.parent.glob(CHAPTERS)}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = link_staged(cell.source, chapters)
     nb.metadata["prge_stage"] = {"settings": settings(),
                                  "depends": dependencies(nb, library or read_library(), results)}
     if timeout:
@@ -243,12 +264,18 @@ def stage_chapter(src: Path, dst: Path, timeout: int | None = None, library: Lib
     return ", ".join(changed)
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """Copy a file or folder, leaving files that are already identical untouched."""
+def _copy(src: Path, dst: Path, chapters: set[str] = frozenset()) -> None:
+    """Copy a file or folder, leaving files that are already identical untouched; a Markdown page has its
+    links to chapter sources pointed at the staged notebooks (:func:`link_staged`)."""
     if src.is_dir():
         for child in src.iterdir():
             if child.name not in SKIP and not child.name.startswith("."):
-                _copy(child, dst / child.name)
+                _copy(child, dst / child.name, chapters)
+    elif src.suffix == ".md":
+        text = link_staged(src.read_text(), chapters)
+        if not (dst.exists() and dst.read_text() == text):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(text)
     elif not (dst.exists() and filecmp.cmp(src, dst, shallow=False)):
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
@@ -291,7 +318,7 @@ def stage(source: Path = SOURCE, dest: Path = STAGE, verbose: bool = False, libr
         if entry.name in SKIP or entry.name.startswith(".") or entry.suffix == ".ipynb":
             continue
         if not entry.match(CHAPTERS):
-            _copy(entry, dest / entry.name)
+            _copy(entry, dest / entry.name, {p.stem for p in chapters})
     done = write_config(dest, source)
     if verbose and done:
         print("already executed, not run again by the build: " + ", ".join(done))
