@@ -16,7 +16,6 @@ from typing import Any, Mapping, NamedTuple
 
 FORMS = 'a glued name, or f"{name:spec}" with a format spec'
 ROLE = re.compile(r"\{eval\}`([^`]+)`")
-GLUE_PREFIX = "application/papermill.record/"      # myst-nb's prefix of outputs glued with display=False
 
 _bound: dict[str, Any] = {}   # what glue() bound each name to in this kernel: such a name may be glued again
 
