@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "build" / "gpu-site"):     # the repository, and the payload installed beside it
-    if extra.is_dir() and str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
+# the repository first, then the payload installed beside it (its copy of prge_lib must not shadow the clone's:
+# an installed prge_lib knows no repository, and the stages' subprocesses would lose the payload's path); the
+# stages' subprocesses inherit the same order through PYTHONPATH
+_PATHS = [str(p) for p in (ROOT, ROOT / "build" / "gpu-site") if p.is_dir()]
+sys.path[:0] = [p for p in _PATHS if p not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                     if p and p not in _PATHS])
 
 from prge_lib.experiments import sitting  # noqa: E402
 

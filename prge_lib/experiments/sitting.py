@@ -78,12 +78,12 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
     return [Stage("gpu-check", "the engine's checks on the device (same z, no host sync, graphs, fp16 base)", 1.0,
                   (check,)),
-            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 3.0,
+            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 5.5,
                     (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
             Stage("paired-fp32-fp16", f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds "
-                  f"{','.join(map(str, paired_seeds))}", 2.5 * len(paired_seeds), paired,
+                  f"{','.join(map(str, paired_seeds))}", 5.0 * len(paired_seeds), paired,
                   summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
             Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
 
