@@ -33,16 +33,19 @@ Observed on a CPU: most runs agree bit for bit, the others by one ulp of ℓ (1e
 """
 import math
 import time
+from collections import Counter
 
 import pytest
 import torch
 
 from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
-from prge_lib.models.objective import tail_logits
+from prge_lib.models.objective import Batch, tail_logits
 from prge_lib.training.packed import PackStopped, PackedTrainer, check_packable
 from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
+from prge_lib.zo.defaults import DEFAULT_TARGETS
 from prge_lib.zo.estimator import step_seeds
+from prge_lib.zo.packing import build_pack
 
 U = 2.0 ** -24          # fp32 unit roundoff
 COMMON = {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "max_length": 32, "layers": 1}
@@ -56,7 +59,13 @@ PACKS = {
     "mixed": [dict(task="sst2", method="prge", q=2, E=4, lr=1e-2, seed=1),
               dict(task="sst2", method="mezo-lorafa", E=4, lr=5e-3, seed=2),
               dict(task="rte", method="prge", q=4, E=4, lr=2e-2, seed=3)],
+    # one q and one row count: the fused pack's fully batched step (one product per run for x Aᵀ, one update)
+    "same-q": [dict(task="sst2", method="prge", q=2, E=4, lr=1e-2, seed=1),
+               dict(task="sst2", method="prge", q=2, E=4, lr=5e-3, seed=2, eps=2e-2),
+               dict(task="sst2", method="prge", q=2, E=4, lr=2e-2, seed=3)],
 }
+# the fused engine (counter noise, the pack's stacked B's and one draw per step: what a GPU runs)
+FUSED = {"engine": "fused", "noise": "counter"}
 
 
 @pytest.fixture()
@@ -110,9 +119,11 @@ def trajectory_gaps(result: dict, trainer: Trainer, reference: dict, reference_t
             "B": max(float((mine[k] - theirs[k]).detach().abs().max()) for k in mine)}
 
 
-@pytest.mark.parametrize("pack", list(PACKS))
-def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pack):
-    runs = configs(pack)
+@pytest.mark.parametrize("pack,engine", [("equal", "layerwise"), ("mixed", "layerwise"), ("equal", "fused"),
+                                         ("mixed", "fused"), ("same-q", "fused")])
+def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pack, engine):
+    changes = FUSED if engine == "fused" else {}
+    runs = configs(pack, **changes)
     trainer = packed(tiny_factory, tokenizer, task_data, runs)
     results = trainer.run()
     alone, alone_results, z_logits = [], [], []
@@ -140,7 +151,7 @@ def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pac
         print("  another run:", wrong)
         assert all(100 * bound[w] < wrong[w] for w in bound), (r, wrong, bound)
     # a wrong seed alone (same data order, other noise) is also far outside: run 0 with run 0's data but seed 7
-    swapped = TrainConfig(**{**COMMON, **PACKS[pack][0], "seed": 7})
+    swapped = TrainConfig(**{**COMMON, **PACKS[pack][0], **changes, "seed": 7})
     other = solo(tiny_factory, tokenizer, task_data, swapped)
     other.epoch_order = trainer.trainers[0].epoch_order        # same batches, other noise seeds
     wrong = trajectory_gaps(results[0], trainer.trainers[0], other.run(), other)
@@ -187,8 +198,10 @@ def test_a_stopped_pack_resumes_to_the_uninterrupted_trajectories(tiny_factory, 
     assert [r["losses"] for r in again] == [r["losses"] for r in whole]
 
 
-def test_a_diverging_run_leaves_the_pack_and_the_others_finish(tiny_factory, tokenizer, task_data, tmp_path):
-    runs = configs("equal")
+@pytest.mark.parametrize("pack,engine", [("equal", "layerwise"), ("same-q", "fused")])
+def test_a_diverging_run_leaves_the_pack_and_the_others_finish(tiny_factory, tokenizer, task_data, tmp_path,
+                                                               pack, engine):
+    runs = configs(pack, **(FUSED if engine == "fused" else {}))
     runs[1].lr = 1e33                # B ~1e34 after step 1: attention scores overflow, the next losses are NaN
     folders = [tmp_path / f"run{r}" for r in range(3)]
     trainer = packed(tiny_factory, tokenizer, task_data, runs, folders)
@@ -218,3 +231,44 @@ def test_runs_of_other_models_or_methods_are_refused():
         check_packable([TrainConfig(**base), TrainConfig(**{**base, "layers": 2})])
     with pytest.raises(ValueError, match=r"run 0: method 'mezo' cannot be packed"):
         check_packable([TrainConfig(**{**base, "method": "mezo", "q": 1})])
+
+
+def fused_step_ops(model, runs: int, q: int = 2, rows: int = 2, length: int = 12) -> Counter:
+    """The ATen operations one fused pack step of ``runs`` runs (one q, one row count) dispatches, batch
+    assembly left out: the pack's own work (noise, forward, losses, update, the record's copy)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,
+                 "lr": 1e-3 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    pack = build_pack(model, settings, pad_id=0, fused=True)
+    generator = torch.Generator().manual_seed(0)
+    n = 2 * q * rows
+    ids = torch.randint(1, model.config.vocab_size, (runs * n, length), generator=generator)
+    batch = Batch(ids, torch.ones_like(ids), torch.randint(1, model.config.vocab_size, (runs * n, 1),
+                                                           generator=generator))
+    order = list(range(runs))
+    seeds = {r: step_seeds(r, 0, q) for r in order}
+    work = [(r, n) for r in order]
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        pack._fused_step(order, seeds, batch, work)          # the plan is made once, at the first step
+        with Count() as count:
+            pack._fused_step(order, seeds, batch, work)
+    return count.ops
+
+
+def test_a_fused_pack_step_dispatches_as_many_operations_for_8_runs_as_for_2(tiny_factory):
+    """What makes packing pay on a GPU: the operations (kernel launches) of a fused step do not grow with the
+    number of runs, only their sizes do. Counted with a dispatch mode on the CPU, where the same code runs."""
+    two, eight = fused_step_ops(tiny_factory(), 2), fused_step_ops(tiny_factory(), 8)
+    assert sum(two.values()) > 100                        # not vacuous: the whole forward is counted
+    assert two == eight, {op: (two[op], eight[op]) for op in set(two) | set(eight) if two[op] != eight[op]}

@@ -19,6 +19,17 @@ rounding (chapter 5), which is also all that separates a packed run from the sam
 
 Rows of different runs (other tasks, other prompts) are left-padded to one length and their targets to one
 width (``prge_lib.models.objective.fit_width``); the mask keeps padding out of every real row.
+
+The fused pack (``Pack(fused=True)``, counter noise) is what a GPU runs, and it never loops over runs inside a
+layer: every run's B lives in one (R, D) tensor whose row r each of run r's ``lora_B`` parameters views, every
+layer's A in one (R, r, in) tensor, and a step draws the noise of all its runs in one call, (Σq, D). Each
+layer then makes all C = Σ 2q copies with one gather, multiply and add,
+
+    B_c = B_{run(c)} + s_c z_{row(c)}        (the same two roundings as the run alone: z·s, then + B)
+
+and, when the working runs have the same q and rows, its low-rank path with two batched products (x A_rᵀ per
+run, then (x A_rᵀ) B_cᵀ per copy); the update of all runs is one batched product and one add,
+B ← B − (η_r/q) g_rᵀ Z_r. So a step's kernels do not grow with R; only their sizes do.
 """
 from __future__ import annotations
 
@@ -33,9 +44,10 @@ from torch import nn
 from prge_lib.models.buckets import bucket_length
 from prge_lib.models.objective import Batch, fit_width, row_losses
 from prge_lib.zo.estimator import step_seeds
-from prge_lib.zo.fused import adapter_span, draw_all, fused_update, host_record, kept_noise
+from prge_lib.zo.fused import adapter_span, fused_update, host_record
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, inject_lorafa, keeping_noise, perturbed
 from prge_lib.zo.prge import estimate_and_update, keeps_noise, step_record
+from prge_lib.zo.prng import counter_normal_seeds
 from prge_lib.zo.rge import check_zo_dtype
 
 
@@ -54,6 +66,8 @@ class PackedLoRAFALinear(nn.Module):
         self.runs = nn.ModuleList(runs)
         self.rows: list[tuple[int, int]] | None = None
         self.solo: int | None = None
+        self.span: tuple[int, int] | None = None      # fused pack: this layer's columns [start, end) of the (R, D) B's
+        self.fused: "_StepState | None" = None        # set during a fused pack's step
 
     def extra_repr(self) -> str:
         return f"runs={len(self.runs)}"
@@ -66,6 +80,8 @@ class PackedLoRAFALinear(nn.Module):
         if sum(n for _, n in self.rows) != x.shape[0]:
             raise ValueError(f"a batch of {x.shape[0]} rows, but the pack's runs hold {self.rows} rows")
         out = self.base(x)
+        if self.fused is not None:
+            return self._fused_forward(x, out, self.fused)
         inplace = not torch.is_grad_enabled()
         runs = [self.runs[j] for j, _ in self.rows]
         per_copy = {n // len(layer.copies) for layer, (_, n) in zip(runs, self.rows)}
@@ -95,6 +111,36 @@ class PackedLoRAFALinear(nn.Module):
                 parts.append(torch.baddbmm(grouped, hg, b, alpha=layer.scaling).reshape(rows.shape))
             start += n
         return out if inplace else torch.cat(parts)
+
+    def _fused_forward(self, x: torch.Tensor, out: torch.Tensor, state: "_StepState") -> torch.Tensor:
+        """The fused pack's low-rank path: every copy of every working run in a few batched operations."""
+        plan, layer = state.plan, self.runs[0]
+        start, end = self.span
+        out_features, rank = layer.out_features, layer.r
+        b = state.flat[:, start:end].view(-1, out_features, rank)                  # (R, out, r): views
+        z = state.z[:, start:end].view(-1, out_features, rank)                     # (Σq, out, r)
+        # B_c = z_row(c) · s_c + B_run(c): the multiply and the add of LoRAFALinear.copy_weights, in its order
+        copies = (z.index_select(0, plan.seed_row) * plan.scales).add_(b.index_select(0, plan.run_of_copy))
+        copies = copies.transpose(1, 2).to(out.dtype)                              # (C, r, out)
+        n = len(plan.seed_row)
+        if state.rows_per_copy is None:          # runs with other rows per copy: each run's rows in turn
+            first, c = 0, 0
+            for r, rows in state.rows:
+                own = self.runs[r]
+                k = 2 * plan.q_of[r]
+                h = F.linear(x[first:first + rows].to(own.lora_A.dtype), own.lora_A).to(out.dtype)
+                out[first:first + rows].view(k, -1, out_features).baddbmm_(
+                    h.view(k, -1, rank), copies[c:c + k], alpha=layer.scaling)
+                first, c = first + rows, c + k
+            return out
+        if state.rows_per_run is not None:       # the same rows per run: x A_rᵀ as one product per run
+            a = self.a_stack if plan.all_runs else self.a_stack.index_select(0, plan.work)
+        else:                                    # the same rows per copy only: A gathered per copy
+            a = self.a_stack.index_select(0, plan.run_of_copy)
+        h = torch.bmm(x.to(a.dtype).reshape(len(a), -1, x.shape[-1]), a.transpose(1, 2))
+        grouped = out.reshape(n, -1, out_features)
+        grouped.baddbmm_(h.to(out.dtype).reshape(n, -1, rank), copies, alpha=layer.scaling)
+        return out
 
 
 def inject_packed(model: nn.Module, adapters: Sequence[dict]) -> tuple[list[PackedLoRAFALinear],
@@ -148,6 +194,32 @@ class Pack:
             check_zo_dtype([layer.lora_B for layer in run.layers], f"P-RGE (packed run {r})")
             if fused:
                 adapter_span(run.layers)          # counter noise, or a ValueError naming the layer now
+        self.plans: dict[tuple[int, ...], _Plan] = {}
+        if fused:
+            self._stack()
+
+    @torch.no_grad()
+    def _stack(self) -> None:
+        """Every run's B as row r of one (R, D) tensor (each ``lora_B`` becomes a view of it, keeping its value)
+        and every layer's A as one (R, r, in) tensor (each run's ``lora_A`` a view of it)."""
+        spans = {adapter_span(run.layers) for run in self.runs}
+        if len(spans) != 1:
+            raise ValueError(f"the runs of a fused pack need the same adapter layout; their counter spans are "
+                             f"{sorted(spans)}")
+        (self.start, end), first = spans.pop(), self.runs[0].layers[0].lora_B
+        self.flat = torch.zeros(len(self.runs), end - self.start, dtype=first.dtype, device=first.device)
+        for r, run in enumerate(self.runs):
+            for layer in run.layers:
+                begin = layer.offset - self.start
+                view = self.flat[r, begin:begin + layer.lora_B.numel()].view(layer.lora_B.shape)
+                view.copy_(layer.lora_B)
+                layer.lora_B = nn.Parameter(view, requires_grad=layer.lora_B.requires_grad)
+        for j, packed in enumerate(self.layers):
+            own = [run.layers[j] for run in self.runs]
+            packed.span = (own[0].offset - self.start, own[0].offset - self.start + own[0].lora_B.numel())
+            packed.a_stack = torch.stack([layer.lora_A for layer in own])
+            for r, layer in enumerate(own):
+                layer.lora_A = packed.a_stack[r]
 
     @contextlib.contextmanager
     def solo(self, r: int):
@@ -181,49 +253,139 @@ class Pack:
             rows.append((r, parts[-1].rows))
         batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in ("input_ids", "attention_mask",
                                                                               "targets")))
+        if self.fused:
+            return self._fused_step(order, seeds, batch, rows)
         with contextlib.ExitStack() as stack:
-            noise = {}
             for r in order:
                 run = self.runs[r]
-                if self.fused:
-                    noise[r] = draw_all(run.layers, seeds[r])                        # (q, D) in one call
-                    stack.enter_context(keeping_noise(run.layers, kept_noise(run.layers, noise[r], seeds[r])))
-                elif run.keep_noise:
+                if run.keep_noise:
                     stack.enter_context(keeping_noise(run.layers, draw_noise(run.layers, seeds[r])))
                 eps = run.eps
                 stack.enter_context(perturbed(run.layers, [(s, eps) for s in seeds[r]] +
                                               [(s, -eps) for s in seeds[r]]))
             stack.enter_context(_rows(self.layers, rows))
-            values = row_losses(self.model, batch)
-            if not self.fused:
-                values = values.cpu()
+            values = row_losses(self.model, batch).cpu()
             records, start = {}, 0
             for r, n in rows:
                 run = self.runs[r]
                 losses = values[start:start + n].reshape(2 * run.q, -1).mean(1).reshape(2, run.q)
                 start += n
-                if self.fused:
-                    records[r] = fused_update(run.layers, noise[r], losses.to(torch.float32), run.eps, run.lr)
-                else:
-                    records[r] = step_record(estimate_and_update(run.layers, seeds[r], losses, run.eps, run.lr))
-        if self.fused:                  # after the step: the records come to the host
-            records = {r: host_record(out) for r, out in records.items()}
+                records[r] = step_record(estimate_and_update(run.layers, seeds[r], losses, run.eps, run.lr))
         return records
+
+    def plan(self, order: Sequence[int]) -> "_Plan":
+        """The device tensors a fused step of the runs ``order`` reads (made once per set of working runs)."""
+        key = tuple(order)
+        if key not in self.plans:
+            self.plans[key] = _Plan.of(self, key)
+        return self.plans[key]
+
+    def _fused_step(self, order: list[int], seeds: dict[int, list[int]], batch: Batch,
+                    rows: list[tuple[int, int]]) -> dict[int, dict]:
+        """One fused step of the runs ``order``: their noise in one draw, the forward with every copy made
+        per layer in one go, the updates of runs with one q as one batched product (module docstring)."""
+        plan, device = self.plan(order), self.flat.device
+        flat_seeds = torch.tensor([s for r in order for s in seeds[r]], dtype=torch.int64)
+        z = counter_normal_seeds(flat_seeds, 0, self.flat.shape[1], self.start, device=device)   # (Σq, D)
+        per_copy = {n // (2 * self.runs[r].q) for r, n in rows}
+        per_run = {n for _, n in rows}
+        state = _StepState(self.flat, z, plan, rows,
+                           rows_per_copy=per_copy.pop() if len(per_copy) == 1 else None,
+                           rows_per_run=per_run.pop() if len(per_run) == 1 and plan.q is not None else None)
+        with _rows(self.layers, rows, state):
+            values = row_losses(self.model, batch)
+        if state.rows_per_run is not None:        # one q and one row count: every run's update at once
+            q = plan.q
+            losses = values.reshape(len(order), 2, q, -1).mean(-1).to(torch.float32)      # (W, 2, q)
+            g = (losses[:, 0] - losses[:, 1]) / plan.two_eps                             # Alg. 1 line 11
+            finite = torch.isfinite(losses).flatten(1).all(1, keepdim=True)
+            coefficients = torch.where(finite, g, torch.zeros_like(g)) * plan.step_scale    # −η/q, 0 if not finite
+            step = torch.bmm(coefficients.unsqueeze(1), z.view(len(order), q, -1)).squeeze(1)   # line 14
+            if plan.all_runs:
+                self.flat.add_(step)
+            else:
+                self.flat.index_add_(0, plan.work, step)
+            # each run's record (that of step_record: mean loss in fp32, finite, g), copied out in one go
+            loss = (losses[:, 0] + losses[:, 1]).mean(1, keepdim=True) / 2
+            host = torch.cat([loss, finite.to(loss.dtype), g], 1).cpu().tolist()        # the step's one sync
+            return {r: {"loss": row[0], "finite": bool(row[1]), "projected_grad": row[2:]}
+                    for r, row in zip(order, host)}
+        records, first, row = {}, 0, 0
+        for r, n in rows:                         # runs of other q: each its own product (fused_update)
+            run = self.runs[r]
+            losses = values[first:first + n].reshape(2 * run.q, -1).mean(1).reshape(2, run.q)
+            records[r] = fused_update(run.layers, z[row:row + run.q], losses.to(torch.float32), run.eps, run.lr)
+            first, row = first + n, row + run.q
+        return {r: host_record(out) for r, out in records.items()}
 
     def method(self, r: int) -> "PackedMethod":
         """Run ``r`` as a training method (``prge_lib.methods.base.Method``) for the trainer's bookkeeping."""
         return PackedMethod(self, r)
 
 
+@dataclass
+class _Plan:
+    """A fused step's constants for one set of working runs ``order``, on the device: for each copy c its run
+    and its row of the step's draw, and its scale ±ε (C, 1, 1); per run its 2ε and −η/q; ``q`` when the runs
+    share one."""
+
+    order: tuple[int, ...]
+    work: torch.Tensor
+    run_of_copy: torch.Tensor
+    seed_row: torch.Tensor
+    scales: torch.Tensor
+    two_eps: torch.Tensor
+    step_scale: torch.Tensor
+    q: int | None
+    q_of: dict[int, int]
+    all_runs: bool
+
+    @classmethod
+    def of(cls, pack: "Pack", order: tuple[int, ...]) -> "_Plan":
+        run_of_copy, seed_row, scales, row = [], [], [], 0
+        for r in order:
+            run = pack.runs[r]
+            for sign in (1.0, -1.0):              # the copies of run r: +ε for its q seeds, then −ε (Pack.step)
+                run_of_copy += [r] * run.q
+                seed_row += range(row, row + run.q)
+                scales += [sign * run.eps] * run.q
+            row += run.q
+        qs = {pack.runs[r].q for r in order}
+        device, dtype = pack.flat.device, pack.flat.dtype
+
+        def on_device(values, kind=dtype):
+            return torch.tensor(values, dtype=kind).to(device)
+
+        return cls(order, on_device(list(order), torch.long), on_device(run_of_copy, torch.long),
+                   on_device(seed_row, torch.long), on_device(scales).view(-1, 1, 1),
+                   on_device([[2 * pack.runs[r].eps] for r in order]),
+                   on_device([[-pack.runs[r].lr / pack.runs[r].q] for r in order]),
+                   qs.pop() if len(qs) == 1 else None, {r: pack.runs[r].q for r in order},
+                   order == tuple(range(len(pack.runs))))
+
+
+@dataclass
+class _StepState:
+    """What the packed layers read during a fused step: the (R, D) B's, the step's (Σq, D) draw, the plan, the
+    rows of each run in batch order, and the rows per copy (per run) when every run has the same, else None."""
+
+    flat: torch.Tensor
+    z: torch.Tensor
+    plan: _Plan
+    rows: list[tuple[int, int]]
+    rows_per_copy: int | None
+    rows_per_run: int | None
+
+
 @contextlib.contextmanager
-def _rows(layers: Sequence[PackedLoRAFALinear], rows: list[tuple[int, int]]):
+def _rows(layers: Sequence[PackedLoRAFALinear], rows: list[tuple[int, int]], fused: _StepState | None = None):
     for layer in layers:
-        layer.rows = rows
+        layer.rows, layer.fused = rows, fused
     try:
         yield
     finally:
         for layer in layers:
-            layer.rows = None
+            layer.rows, layer.fused = None, None
 
 
 class PackedMethod:
