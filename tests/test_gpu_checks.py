@@ -14,6 +14,8 @@ def test_the_checks_pass_where_they_can_run(tiny_factory):
     results = gpu_checks(make_model)
     assert list(results) == list(CHECKS)
     assert results["same_z"]["passed"] and results["same_z"]["differing"] == 0
+    assert results["same_z"]["max_abs_diff"] == 0 and results["same_z"]["max_ulps"] == 0
+    assert results["same_uniforms"]["passed"] and results["same_uniforms"]["elements"] > 0
     assert results["no_host_sync"] == {"passed": None, "why": "not on a GPU"}
     assert results["graphs_match"]["passed"] and results["graphs_match"]["graphs"] is False
     assert results["graphs_match"]["max_loss_or_g_gap"] == 0.0 and results["graphs_match"]["max_b_gap"] == 0.0

@@ -272,3 +272,26 @@ def test_a_fused_pack_step_dispatches_as_many_operations_for_8_runs_as_for_2(tin
     two, eight = fused_step_ops(tiny_factory(), 2), fused_step_ops(tiny_factory(), 8)
     assert sum(two.values()) > 100                        # not vacuous: the whole forward is counted
     assert two == eight, {op: (two[op], eight[op]) for op in set(two) | set(eight) if two[op] != eight[op]}
+
+
+def test_a_buffered_pack_step_gives_the_fused_steps_numbers(tiny_factory):
+    """The pack's CUDA-graph path (graphs=True: the uniform step reading fixed buffers, one per set of runs and
+    batch shape) runs eagerly on the CPU; its records and B's equal the plain fused pack's bit for bit, also
+    when only some runs step (the update then adds into their rows alone)."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2 * (r + 1),
+                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(3)]
+    packs = [build_pack(tiny_factory(), settings, pad_id=0, fused=True, graphs=graphs) for graphs in (False, True)]
+    generator = torch.Generator().manual_seed(1)
+
+    def batch(length: int) -> Batch:
+        ids = torch.randint(1, 500, (2, length), generator=generator)
+        return Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
+
+    plan = [[0, 1, 2], [0, 1, 2], [0, 2], [0, 1, 2], [0, 2]]
+    for t, order in enumerate(plan):
+        work = {r: (batch(8 if t % 2 else 12), t) for r in order}
+        plain, buffered = (pack.step(work) for pack in packs)
+        assert plain == buffered
+        assert all(math.isfinite(plain[r]["loss"]) for r in order)
+    assert torch.equal(packs[0].flat, packs[1].flat) and packs[0].flat.abs().sum() > 0
+    assert sorted((key[0], key[2]) for key in packs[1].buffered) == [((0, 1, 2), 8), ((0, 1, 2), 12), ((0, 2), 12)]

@@ -49,12 +49,12 @@ def test_the_stages_in_priority_order(tmp_path):
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
-    lines = sitting.plan_lines(stages, tmp_path, time_limit=10)
+    lines = sitting.plan_lines(stages, tmp_path, time_limit=14)
     assert lines[0].startswith("1. gpu-check") and "about 1 min; runs" in lines[0]
-    assert lines[2].startswith("2. engine-bench-sst2") and "about 3 min; runs" in lines[2]
-    assert any("4. grids-fp16" in line and "runs for up to 3 min, then resumes next time" in line for line in lines)
+    assert lines[2].startswith("2. engine-bench-sst2") and "about 5.5 min; runs" in lines[2]
+    assert any("4. grids-fp16" in line and "runs for up to 2 min, then resumes next time" in line for line in lines)
     assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 621.5 min in all; time limit 10 min"
+    assert lines[-1] == "still to run: about 629 min in all; time limit 14 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):

@@ -34,7 +34,7 @@ def _subcommands() -> dict:
                       "Runs every cell of a grid that has no result yet; an interrupted cell resumes from its "
                       "checkpoint, so rerunning continues where it stopped.", reproduce.reproduce_options),
         "bench": ("time and measure methods on synthetic full-length batches", None, bench.bench_options),
-        "gpu-check": ("checks of the GPU engine: the same noise as the CPU, no host sync in the fused step, CUDA "
+        "gpu-check": ("checks of the GPU engine: the counter noise against the CPU's, no host sync in the fused step, CUDA "
                       "graphs giving its numbers, an fp32 adapter over an fp16 base", None, bench.gpu_check_options),
         "footprint": ("memory held, step peak and step time of the training methods, each built as the trainer "
                       "builds it (chapter 9)", None, bench.footprint_options),

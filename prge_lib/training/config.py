@@ -69,7 +69,8 @@ class TrainConfig:
                                             f"fit {KEEP_NOISE_BUDGET_MIB} MiB)")
     noise: str | None = _option(None, "P-RGE: where z comes from: torch's generator (the default on the CPU) or "
                                       "counter, the generator an exported program runs (the default on a GPU: "
-                                      "the same z on every device)", choices=NOISE_SOURCES)
+                                      "the same counters on every device, z equal up to each device's log/cos/sin rounding)",
+                                      choices=NOISE_SOURCES)
     engine: str | None = _option(None, "P-RGE: layerwise (z per layer and seed; the default on the CPU) or fused "
                                        "(all noise in one call, one update, no host sync; needs counter noise; "
                                        "the default on a GPU)", choices=ENGINES)
@@ -167,7 +168,7 @@ class TrainConfig:
 
 def _resolve_engine(c: TrainConfig, lorafa: bool) -> None:
     """Fill the noise source and the engine by device (a GPU: counter noise, so a GPU run and a CPU run of one
-    seed draw the same z, and the fused step; the CPU: torch noise, the per-layer step) and check the buckets
+    seed draw the same z up to the rounding of each device's log/cos/sin, and the fused step; the CPU: torch noise, the per-layer step) and check the buckets
     and CUDA graphs; ``lorafa``: whether the method trains prge_lib.zo.lora's layers."""
     from prge_lib.models.buckets import parse_buckets
     from prge_lib.zo.lora import check_noise_source

@@ -38,7 +38,7 @@ from prge_lib.training.trainer import Trainer, TrainingDiverged
 from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
-SHARED = ("model", "dtype", "quant", "device", "layers", "targets", "engine", "buckets")   # what every run of a pack must agree on
+SHARED = ("model", "dtype", "quant", "device", "layers", "targets", "engine", "buckets", "cuda_graphs")   # what every run of a pack must agree on
 
 
 class PackStopped(RuntimeError):
@@ -68,8 +68,6 @@ def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
             raise ValueError(f"run {i}: method {c.method!r} cannot be packed; choose one of {list(PACKABLE)}")
         if c.program is not None:
             raise ValueError(f"run {i}: a config with a program trains through the runtime host, not in a pack")
-        if c.cuda_graphs:
-            raise ValueError(f"run {i}: cuda_graphs applies to a run alone; a pack's step runs without graphs")
         for key in SHARED:
             if getattr(c, key) != getattr(resolved[0], key):
                 raise ValueError(f"run {i}: {key} = {getattr(c, key)!r}, but run 0 has {getattr(resolved[0], key)!r}; "
@@ -109,7 +107,7 @@ class PackedTrainer:
                                         "noise": c.noise, "q": c.q, "eps": c.eps, "lr": c.lr,
                                         "keep_noise": c.keep_noise} for c in configs],
                                tokenizer.pad_token_id, fused=first.engine == "fused",
-                               buckets=parse_buckets(first.buckets))
+                               buckets=parse_buckets(first.buckets), graphs=bool(first.cuda_graphs))
         self.trainers = [Trainer(c, model, tokenizer, d, folder, progress=False,
                                  method_builder=lambda c, m, r=r: self.pack.method(r))
                          for r, (c, d, folder) in enumerate(zip(configs, data, checkpoint_dirs))]

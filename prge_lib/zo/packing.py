@@ -45,6 +45,7 @@ from prge_lib.models.buckets import bucket_length
 from prge_lib.models.objective import Batch, fit_width, row_losses
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.fused import adapter_span, fused_update, host_record
+from prge_lib.zo.graphs import WARMUP_RUNS
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, inject_lorafa, keeping_noise, perturbed
 from prge_lib.zo.prge import estimate_and_update, keeps_noise, step_record
 from prge_lib.zo.prng import counter_normal_seeds
@@ -184,12 +185,17 @@ class Pack:
 
     ``fused``: each run's noise drawn in one counter-generator call and its update made on the device
     (:mod:`prge_lib.zo.fused`; needs counter noise), the records read in one copy after the step.
-    ``buckets``: the pack's batch padded to the smallest of these lengths that holds it."""
+    ``buckets``: the pack's batch padded to the smallest of these lengths that holds it.
+    ``graphs``: a fused step of runs with one q and one row count is recorded as a CUDA graph per set of runs and
+    batch shape, and replayed (on a GPU; on the CPU the same buffered step runs eagerly)."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
-                 pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None):
+                 pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False):
         self.model, self.layers, self.runs, self.pad_id = model, list(layers), list(runs), pad_id
-        self.fused, self.buckets = fused, tuple(buckets) if buckets else None
+        self.fused, self.buckets, self.graphs = fused, tuple(buckets) if buckets else None, graphs
+        if graphs and not fused:
+            raise ValueError("a pack's step is replayed as a CUDA graph only when fused (fused=True)")
+        self.buffered: dict[tuple, _BufferedPackStep] = {}
         for r, run in enumerate(self.runs):
             check_zo_dtype([layer.lora_B for layer in run.layers], f"P-RGE (packed run {r})")
             if fused:
@@ -283,40 +289,58 @@ class Pack:
     def _fused_step(self, order: list[int], seeds: dict[int, list[int]], batch: Batch,
                     rows: list[tuple[int, int]]) -> dict[int, dict]:
         """One fused step of the runs ``order``: their noise in one draw, the forward with every copy made
-        per layer in one go, the updates of runs with one q as one batched product (module docstring)."""
-        plan, device = self.plan(order), self.flat.device
+        per layer in one go, the updates of runs with one q and row count as one batched product (module
+        docstring); with ``graphs``, that uniform step is replayed as a CUDA graph per shape and set of runs."""
+        plan = self.plan(order)
         flat_seeds = torch.tensor([s for r in order for s in seeds[r]], dtype=torch.int64)
-        z = counter_normal_seeds(flat_seeds, 0, self.flat.shape[1], self.start, device=device)   # (Σq, D)
-        per_copy = {n // (2 * self.runs[r].q) for r, n in rows}
-        per_run = {n for _, n in rows}
-        state = _StepState(self.flat, z, plan, rows,
-                           rows_per_copy=per_copy.pop() if len(per_copy) == 1 else None,
-                           rows_per_run=per_run.pop() if len(per_run) == 1 and plan.q is not None else None)
-        with _rows(self.layers, rows, state):
-            values = row_losses(self.model, batch)
-        if state.rows_per_run is not None:        # one q and one row count: every run's update at once
-            q = plan.q
-            losses = values.reshape(len(order), 2, q, -1).mean(-1).to(torch.float32)      # (W, 2, q)
-            g = (losses[:, 0] - losses[:, 1]) / plan.two_eps                             # Alg. 1 line 11
-            finite = torch.isfinite(losses).flatten(1).all(1, keepdim=True)
-            coefficients = torch.where(finite, g, torch.zeros_like(g)) * plan.step_scale    # −η/q, 0 if not finite
-            step = torch.bmm(coefficients.unsqueeze(1), z.view(len(order), q, -1)).squeeze(1)   # line 14
-            if plan.all_runs:
-                self.flat.add_(step)
+        if plan.q is not None and len({n for _, n in rows}) == 1:
+            if self.graphs:
+                key = (tuple(order), batch.rows, batch.input_ids.shape[1], batch.targets.shape[1])
+                if key not in self.buffered:
+                    self.buffered[key] = _BufferedPackStep(self, plan, rows, batch)
+                out = self.buffered[key].run(batch, flat_seeds)
             else:
-                self.flat.index_add_(0, plan.work, step)
+                out = self._uniform_step(plan, flat_seeds, batch, rows)
             # each run's record (that of step_record: mean loss in fp32, finite, g), copied out in one go
-            loss = (losses[:, 0] + losses[:, 1]).mean(1, keepdim=True) / 2
-            host = torch.cat([loss, finite.to(loss.dtype), g], 1).cpu().tolist()        # the step's one sync
+            host = out.cpu().tolist()                                                      # the step's one sync
             return {r: {"loss": row[0], "finite": bool(row[1]), "projected_grad": row[2:]}
                     for r, row in zip(order, host)}
+        z = self._draw(flat_seeds)
+        per_copy = {n // (2 * self.runs[r].q) for r, n in rows}
+        state = _StepState(self.flat, z, plan, rows, per_copy.pop() if len(per_copy) == 1 else None, None)
+        with _rows(self.layers, rows, state):
+            values = row_losses(self.model, batch)
         records, first, row = {}, 0, 0
-        for r, n in rows:                         # runs of other q: each its own product (fused_update)
+        for r, n in rows:                         # runs of other q or rows: each its own product (fused_update)
             run = self.runs[r]
             losses = values[first:first + n].reshape(2 * run.q, -1).mean(1).reshape(2, run.q)
             records[r] = fused_update(run.layers, z[row:row + run.q], losses.to(torch.float32), run.eps, run.lr)
             first, row = first + n, row + run.q
         return {r: host_record(out) for r, out in records.items()}
+
+    def _draw(self, seeds: torch.Tensor) -> torch.Tensor:
+        """The (Σq, D) noise of a step's runs, for their seeds in order, in one counter call."""
+        return counter_normal_seeds(seeds, 0, self.flat.shape[1], self.start, device=self.flat.device)
+
+    def _uniform_step(self, plan: "_Plan", seeds: torch.Tensor, batch: Batch, rows: list[tuple[int, int]]):
+        """The step of W runs of one q and one row count, on the device alone (what a CUDA graph records):
+        draw, forward, g, every run's update; returns the (W, 2 + q) records (mean loss, finite, g)."""
+        q, w = plan.q, len(plan.order)
+        z = self._draw(seeds)                                                                # (W·q, D)
+        state = _StepState(self.flat, z, plan, rows, rows[0][1] // (2 * q), rows[0][1])
+        with _rows(self.layers, rows, state):
+            values = row_losses(self.model, batch)
+        losses = values.reshape(w, 2, q, -1).mean(-1).to(torch.float32)                     # (W, 2, q)
+        g = (losses[:, 0] - losses[:, 1]) / plan.two_eps                                    # Alg. 1 line 11
+        finite = torch.isfinite(losses).flatten(1).all(1, keepdim=True)
+        coefficients = torch.where(finite, g, torch.zeros_like(g)) * plan.step_scale       # −η/q, 0 if not finite
+        step = torch.bmm(coefficients.unsqueeze(1), z.view(w, q, -1)).squeeze(1)          # line 14
+        if plan.all_runs:
+            self.flat.add_(step)
+        else:
+            self.flat.index_add_(0, plan.work, step)
+        loss = (losses[:, 0] + losses[:, 1]).mean(1, keepdim=True) / 2
+        return torch.cat([loss, finite.to(loss.dtype), g], 1)
 
     def method(self, r: int) -> "PackedMethod":
         """Run ``r`` as a training method (``prge_lib.methods.base.Method``) for the trainer's bookkeeping."""
@@ -364,6 +388,50 @@ class _Plan:
                    order == tuple(range(len(pack.runs))))
 
 
+class _BufferedPackStep:
+    """The uniform fused step of one set of runs and one batch shape, reading fixed buffers (the batch and the
+    seeds), recorded as a CUDA graph at its first step on a GPU (as :mod:`prge_lib.zo.graphs` does for a run
+    alone: warm-up runs on a side stream, one recorded run, every B restored after them); on the CPU it runs
+    eagerly from the same buffers."""
+
+    def __init__(self, pack: Pack, plan: "_Plan", rows: list[tuple[int, int]], batch: Batch):
+        device = pack.flat.device
+        self.pack, self.plan, self.rows = pack, plan, rows
+        self.batch = Batch(*(torch.empty_like(t, device=device) for t in (batch.input_ids, batch.attention_mask,
+                                                                           batch.targets)))
+        self.seeds = torch.zeros(len(plan.order) * plan.q, dtype=torch.int64, device=device)
+        self.graph, self.out = None, None
+
+    def compute(self) -> torch.Tensor:
+        return self.pack._uniform_step(self.plan, self.seeds, self.batch, self.rows)
+
+    def run(self, batch: Batch, seeds: torch.Tensor) -> torch.Tensor:
+        for buffer, value in zip((self.batch.input_ids, self.batch.attention_mask, self.batch.targets),
+                                 (batch.input_ids, batch.attention_mask, batch.targets)):
+            buffer.copy_(value, non_blocking=True)
+        self.seeds.copy_(seeds, non_blocking=True)
+        if self.pack.flat.device.type != "cuda":
+            return self.compute()
+        if self.graph is None:
+            self.capture()
+        self.graph.replay()
+        return self.out
+
+    def capture(self) -> None:
+        flat = self.pack.flat
+        saved = flat.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                self.compute()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.compute()
+        flat.copy_(saved)
+
+
 @dataclass
 class _StepState:
     """What the packed layers read during a fused step: the (R, D) B's, the step's (Σq, D) draw, the plan, the
@@ -407,12 +475,13 @@ class PackedMethod:
 
 
 def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int, fused: bool = False,
-               buckets: Sequence[int] | None = None) -> Pack:
+               buckets: Sequence[int] | None = None, graphs: bool = False) -> Pack:
     """A pack of R runs on ``model``; ``settings[r]`` holds run r's targets, r, alpha, noise, q, eps, lr, seed
-    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused`` and ``buckets``: :class:`Pack`."""
+    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets`` and ``graphs``:
+    :class:`Pack`."""
     adapters = [{k: s[k] for k in ("targets", "r", "alpha", "seed", "noise")} for s in settings]
     packed, per_run = inject_packed(model, adapters)
     runs = [PackedRun(layers, s["q"], s["eps"], s["lr"], s["seed"], keeps_noise(layers, s["q"], s["keep_noise"]))
             for layers, s in zip(per_run, settings)]
-    return Pack(model, packed, runs, pad_id, fused, buckets)
+    return Pack(model, packed, runs, pad_id, fused, buckets, graphs)
 

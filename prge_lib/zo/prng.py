@@ -86,14 +86,23 @@ def counter_normal_seeds(seeds: torch.Tensor, index: int, numel: int, offset: in
     return _normal_run(key.unsqueeze(1), offset, numel)
 
 
-def _normal_run(key: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
-    """Normal draws ``offset`` … ``offset + numel − 1`` under ``key`` (a 0-d key gives (numel,), a (q, 1) key
-    gives (q, numel)): the counter hash and Box–Muller of :func:`counter_normal`."""
+def counter_uniforms(key: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
+    """The uniforms in (0, 1) behind :func:`_normal_run`'s draws: one per counter of the Box–Muller pairs that
+    elements ``offset`` … ``offset + numel − 1`` touch. Integer operations, then one conversion, one add and one
+    multiply, each exactly rounded in IEEE arithmetic: the same bits on every device (the transforms that
+    follow, log, cos and sin, are each kernel library's own)."""
     first, last = offset // 2, (offset + numel - 1) // 2                 # the Box–Muller pairs touched
     counters = torch.arange(2 * first, 2 * (last + 1), dtype=torch.int64, device=key.device)
     # hashing the counter before the key enters keeps two tensors' counter ranges from overlapping
     bits = _shr(mix32(mix32(counters) ^ key), 8)                         # 24 random bits per counter
-    u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))              # in (0, 1), never 0 or 1
+    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))           # in (0, 1), never 0 or 1
+
+
+def _normal_run(key: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
+    """Normal draws ``offset`` … ``offset + numel − 1`` under ``key`` (a 0-d key gives (numel,), a (q, 1) key
+    gives (q, numel)): the counter hash and Box–Muller of :func:`counter_normal`."""
+    first = offset // 2                                                  # the first Box–Muller pair touched
+    u = counter_uniforms(key, offset, numel)
     radius = torch.sqrt(-2.0 * torch.log(u[..., 0::2]))
     angle = (2 * math.pi) * u[..., 1::2]
     z = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1).flatten(-2)

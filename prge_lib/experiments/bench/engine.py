@@ -134,9 +134,9 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     else:
         settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": q,
                      "eps": eps, "lr": lr, "seed": seed, "keep_noise": True} for seed in range(runs)]
-        pack = build_pack(model, settings, pad, fused=True, buckets=buckets)
+        pack = build_pack(model, settings, pad, fused=True, buckets=buckets, graphs=cuda and graphs)
         layers = pack.runs[0].layers
-        record.update(engine="fused", noise="counter", cuda_graphs=False)
+        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs)
     lora = [(layer.in_features, layer.out_features) for layer in layers]
 
     def flops(batches: list[Batch]) -> int:

@@ -1,7 +1,10 @@
 """Checks of the GPU engine that only a GPU can make, each recorded with its numbers (``prge gpu-check``; the
 first stage of a GPU sitting). On the CPU the same checks run where they can (tests/test_gpu_checks.py).
 
-    same_z           the counter noise drawn on the device equals the CPU's draw, bit for bit (chapter 10)
+    same_uniforms    the counter generator's uniforms (integer hashing, then exactly rounded float ops) drawn on
+                     the device equal the CPU's, bit for bit
+    same_z           the counter noise drawn on the device equals the CPU's draw, bit for bit (chapter 10); where
+                     it does not (log, cos and sin are each kernel library's), how far: largest |Δz| and in ulps
     no_host_sync     the fused step runs under torch.cuda.set_sync_debug_mode("error") (GPU only)
     graphs_match     steps replayed as CUDA graphs give the losses, g and B of the fused step
     fp16_adapter     with an fp16 base, B and the update stay fp32 and the step's losses are finite
@@ -17,8 +20,9 @@ from prge_lib.zo.fused import FusedPRGE, draw_all, fused_prge_step, host_record
 from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
 from prge_lib.zo.prge import step_seeds
+from prge_lib.zo.prng import counter_uniforms, tensor_key
 
-CHECKS = ("same_z", "no_host_sync", "graphs_match", "fp16_adapter")
+CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "fp16_adapter")
 
 
 def _adapted(make_model: Callable[[str], torch.nn.Module], dtype: str = "fp32", r: int = 16):
@@ -37,7 +41,22 @@ def same_z(make_model) -> dict:
     seeds = step_seeds(0, 3, 4)
     here = draw_all(layers, seeds)
     cpu = draw_all([_CpuView(layer) for layer in layers], seeds)
-    differing = int((here.cpu() != cpu).sum())
+    here = here.cpu()
+    differing = int((here != cpu).sum())
+    gap = (here - cpu).abs()
+    spacing = torch.nextafter(cpu.abs(), torch.tensor(float("inf"))) - cpu.abs()     # one ulp at each z
+    return {"passed": differing == 0, "elements": here.numel(), "differing": differing,
+            "max_abs_diff": float(gap.max()), "max_ulps": float((gap / spacing).max()),
+            "mean_abs_diff": float(gap.mean())}
+
+
+def same_uniforms(make_model) -> dict:
+    _, layers = _adapted(make_model)
+    device = layers[0].lora_B.device
+    keys = tensor_key(torch.tensor(step_seeds(0, 3, 4), dtype=torch.int64), 0).unsqueeze(1)
+    numel = sum(layer.lora_B.numel() for layer in layers)
+    here = counter_uniforms(keys.to(device), 0, numel).cpu()
+    differing = int((here != counter_uniforms(keys, 0, numel)).sum())
     return {"passed": differing == 0, "elements": here.numel(), "differing": differing}
 
 
