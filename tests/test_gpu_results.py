@@ -1,10 +1,10 @@
 """The GPU figures README quotes are those of the committed result files of the GPU sittings
-(data/results/gpu-sitting): nothing typed in that a file does not hold."""
+(data/results/gpu-sittings/N): nothing typed in that a file does not hold."""
 import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SITTING = ROOT / "data" / "results" / "gpu-sitting"
+SITTING = ROOT / "data" / "results" / "gpu-sittings" / "1"
 
 
 def test_readme_quotes_the_sittings_files():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from prge_lib.zo import prng
 from prge_lib.zo.prng import MASK32, _mul32, counter_normal, counter_normal_seeds, mix32, tensor_key
 
 
@@ -112,3 +113,18 @@ def test_many_seeds_in_one_call_equal_one_seed_at_a_time(offset, numel):
         assert torch.equal(row, counter_normal(seed, 2, (numel,), offset=offset))
     with pytest.raises(ValueError, match=r"\(q,\) tensor, got shape \(2, 2\)"):
         counter_normal_seeds(torch.zeros(2, 2, dtype=torch.int64), 0, 4)
+
+
+def test_the_compiled_draw_keeps_the_uniforms_and_rounds_like_the_eager_one():
+    """What a GPU runs by default (counter_normal_seeds(..., compiled=True)), compiled here for the CPU: the
+    uniforms come from integer operations and exactly rounded float ones, so they are the eager uniforms; the
+    normals go through the compiler's log, cos and sin, so each may differ by a few ulps, no more."""
+    seeds = torch.tensor([3, 2 ** 40 + 7, 11], dtype=torch.int64)
+    eager = counter_normal_seeds(seeds, 0, 1001, offset=5, compiled=False)
+    compiled = counter_normal_seeds(seeds, 0, 1001, offset=5, compiled=True)
+    assert prng._COMPILE_FAILED == [] and compiled.shape == eager.shape == (3, 1001)
+    keys = prng.tensor_key(seeds, 0).unsqueeze(1)
+    assert torch.equal(torch.compile(prng.counter_uniforms, dynamic=False, fullgraph=True)(keys, 5, 1001),
+                       prng.counter_uniforms(keys, 5, 1001))
+    ulp = torch.nextafter(eager.abs(), torch.tensor(float("inf"))) - eager.abs()
+    assert float(((compiled - eager).abs() / ulp).max()) <= 4

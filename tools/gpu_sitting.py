@@ -3,8 +3,8 @@ time limit, each stage's results written under --out as soon as it finishes, sta
 (prge_lib/experiments/sitting.py; README, "A GPU sitting").
 
 Usage (from the repository root, on the GPU machine):
-    python tools/gpu_sitting.py --out data/results/gpu-sitting --time-limit 8
-    python tools/gpu_sitting.py --out data/results/gpu-sitting --dry-run      # the plan, with estimated minutes
+    python tools/gpu_sitting.py --out data/results/gpu-sittings/2 --time-limit 8
+    python tools/gpu_sitting.py --out data/results/gpu-sittings/2 --dry-run # the plan, with estimated minutes
     python tools/gpu_sitting.py --carry-plan build/gpu-payload               # which payload files each copy takes
 """
 from __future__ import annotations

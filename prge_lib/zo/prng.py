@@ -21,6 +21,8 @@ trainer), which is what makes eager-vs-runtime parity possible.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
@@ -72,18 +74,48 @@ def counter_normal(seed: torch.Tensor | int, index: int, shape: tuple[int, ...] 
 
 
 def counter_normal_seeds(seeds: torch.Tensor, index: int, numel: int, offset: int = 0,
-                         device: torch.device | str | None = None) -> torch.Tensor:
+                         device: torch.device | str | None = None, compiled: bool | None = None) -> torch.Tensor:
     """Elements ``offset`` … ``offset + numel − 1`` of tensor ``index``'s stream under each of the (q,) int64
     ``seeds``, as a (q, numel) float32 tensor in one vectorized computation: row i equals
     ``counter_normal(seeds[i], index, (numel,), offset=offset)`` bit for bit (the counters are hashed once and
-    combined with the q keys by broadcasting). What draws a whole step's noise at once (chapter 10)."""
+    combined with the q keys by broadcasting). What draws a whole step's noise at once (chapter 10).
+
+    ``compiled`` (default: on a GPU, unless ``PRGE_COMPILE_NOISE=0``): the same function through
+    ``torch.compile``, one fused kernel instead of some thirty passes over (q, numel) int64 tensors, which is
+    what the draw costs eagerly. Its uniforms are the eager ones bit for bit; its log, cos and sin are the
+    compiler's, so a draw may differ from the eager one by an ulp or so (tests/test_prng.py)."""
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     if seeds.dim() != 1:
         raise ValueError(f"seeds must be a (q,) tensor, got shape {tuple(seeds.shape)}")
     key = tensor_key(seeds, index)
     if device is not None:
         key = key.to(device, non_blocking=True)       # q keys made on the host: the copy need not wait
+    if compiled is None:
+        compiled = compiles_on(key.device.type)
+    if compiled and not _COMPILE_FAILED:
+        try:
+            return compiled_normal_run()(key.unsqueeze(1), offset, numel)
+        except Exception as err:      # no compiler here (e.g. no Triton): the eager draw, said once
+            _COMPILE_FAILED.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            warnings.warn(f"the counter noise could not be compiled ({_COMPILE_FAILED[0]}); drawing it eagerly")
     return _normal_run(key.unsqueeze(1), offset, numel)
+
+
+def compiles_on(device_type: str) -> bool:
+    """Whether :func:`counter_normal_seeds` compiles its draw on this kind of device by default: on a GPU, unless
+    ``PRGE_COMPILE_NOISE=0`` or compiling failed earlier in this process."""
+    return device_type == "cuda" and os.environ.get("PRGE_COMPILE_NOISE", "1") != "0" and not _COMPILE_FAILED
+
+
+_COMPILED: list = []
+_COMPILE_FAILED: list[str] = []      # why compiling failed, once it has
+
+
+def compiled_normal_run():
+    """:func:`_normal_run` through ``torch.compile`` (static shapes: one compilation per draw size), made once."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_normal_run, dynamic=False, fullgraph=True))
+    return _COMPILED[0]
 
 
 def counter_uniforms(key: torch.Tensor, offset: int, numel: int) -> torch.Tensor:

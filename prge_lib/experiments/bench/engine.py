@@ -30,6 +30,7 @@ from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import inject_lorafa
 from prge_lib.zo.packing import build_pack
 from prge_lib.zo.prge import PRGE
+from prge_lib.zo.prng import compiles_on
 from prge_lib.training.records import step_times
 
 # dense (no sparsity) fp16 tensor-core peaks from the vendors' data sheets, FLOP/s; first match of all words wins
@@ -160,6 +161,8 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     times = time_steps(timed, steps, warmup, cuda)
     median = statistics.median(times)
     counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
+    if name != "eager":       # the fused draw is compiled on a GPU unless switched off or not compilable there
+        record["noise_compiled"] = compiles_on(device.type)
     record.update(step_s=step_times(times), run_steps_per_s=runs / median,
                   flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times))
     del timed

@@ -20,7 +20,7 @@ from prge_lib.zo.fused import FusedPRGE, draw_all, fused_prge_step, host_record
 from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
 from prge_lib.zo.prge import step_seeds
-from prge_lib.zo.prng import counter_uniforms, tensor_key
+from prge_lib.zo.prng import compiles_on, counter_uniforms, tensor_key
 
 CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "fp16_adapter")
 
@@ -47,7 +47,7 @@ def same_z(make_model) -> dict:
     spacing = torch.nextafter(cpu.abs(), torch.tensor(float("inf"))) - cpu.abs()     # one ulp at each z
     return {"passed": differing == 0, "elements": here.numel(), "differing": differing,
             "max_abs_diff": float(gap.max()), "max_ulps": float((gap / spacing).max()),
-            "mean_abs_diff": float(gap.mean())}
+            "mean_abs_diff": float(gap.mean()), "compiled": compiles_on(layers[0].lora_B.device.type)}
 
 
 def same_uniforms(make_model) -> dict:
