@@ -1,5 +1,5 @@
 """The GPU engine's checks (prge_lib.experiments.bench.gpu_checks, prge gpu-check) run on the CPU where they can:
-the same z, the buffered step against the fused one, an fp32 adapter over an fp16 base; the host-sync check
+the same uniforms and z, the buffered step (a run alone, and a pack) against the fused one, an fp32 adapter over an fp16 base; the host-sync check
 says it needs a GPU."""
 import json
 
@@ -16,6 +16,8 @@ def test_the_checks_pass_where_they_can_run(tiny_factory):
     assert results["same_z"]["passed"] and results["same_z"]["differing"] == 0
     assert results["same_z"]["max_abs_diff"] == 0 and results["same_z"]["max_ulps"] == 0
     assert results["same_uniforms"]["passed"] and results["same_uniforms"]["elements"] > 0
+    pack = results["pack_graphs"]        # on the CPU: the buffered pack step run eagerly, equal bit for bit
+    assert pack["passed"] and pack["max_loss_or_g_gap"] == 0 and pack["max_b_gap"] == 0 and pack["graphs"] == 2
     assert results["no_host_sync"] == {"passed": None, "why": "not on a GPU"}
     assert results["graphs_match"]["passed"] and results["graphs_match"]["graphs"] is False
     assert results["graphs_match"]["max_loss_or_g_gap"] == 0.0 and results["graphs_match"]["max_b_gap"] == 0.0

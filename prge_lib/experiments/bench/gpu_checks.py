@@ -7,6 +7,8 @@ first stage of a GPU sitting). On the CPU the same checks run where they can (te
                      it does not (log, cos and sin are each kernel library's), how far: largest |Δz| and in ulps
     no_host_sync     the fused step runs under torch.cuda.set_sync_debug_mode("error") (GPU only)
     graphs_match     steps replayed as CUDA graphs give the losses, g and B of the fused step
+    pack_graphs      a pack of runs replayed as CUDA graphs gives the records and B's of the same fused pack
+                     stepped without graphs (all runs, then some of them)
     fp16_adapter     with an fp16 base, B and the update stay fp32 and the step's losses are finite
 """
 from __future__ import annotations
@@ -19,10 +21,11 @@ from prge_lib.models.objective import synthetic_batch
 from prge_lib.zo.fused import FusedPRGE, draw_all, fused_prge_step, host_record
 from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
+from prge_lib.zo.packing import build_pack
 from prge_lib.zo.prge import step_seeds
 from prge_lib.zo.prng import compiles_on, counter_uniforms, tensor_key
 
-CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "fp16_adapter")
+CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "pack_graphs", "fp16_adapter")
 
 
 def _adapted(make_model: Callable[[str], torch.nn.Module], dtype: str = "fp32", r: int = 16):
@@ -103,6 +106,24 @@ def graphs_match(make_model, steps: int = 3) -> dict:
         worst_b = max(worst_b, max(float((a.lora_B.detach() - b.lora_B.detach()).abs().max())
                                     for a, b in zip(layers, ref_layers)))
     return {"passed": worst_loss <= 1e-5 and worst_b <= 1e-6, "graphs": graphed.graphs, "shapes": len(graphed.steps),
+            "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
+
+
+def pack_graphs(make_model, runs: int = 4, steps: int = 3) -> dict:
+    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2,
+                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    packs = [build_pack(make_model("fp32"), settings, pad_id=0, fused=True, graphs=graphs) for graphs in (False, True)]
+    model = packs[0].model
+    worst_loss = 0.0
+    for t in range(steps + 1):
+        order = list(range(runs)) if t < steps else list(range(0, runs, 2))       # then some runs only
+        work = {r: (_batch(model), t) for r in order}
+        plain, graphed = (pack.step(work) for pack in packs)
+        worst_loss = max(worst_loss, *(abs(a - b) for r in order for a, b in
+                                       zip([plain[r]["loss"], *plain[r]["projected_grad"]],
+                                           [graphed[r]["loss"], *graphed[r]["projected_grad"]])))
+    worst_b = float((packs[0].flat - packs[1].flat).abs().max())
+    return {"passed": worst_loss <= 1e-5 and worst_b <= 1e-6, "runs": runs, "graphs": len(packs[1].buffered),
             "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
 
 
