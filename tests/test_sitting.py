@@ -45,6 +45,13 @@ def test_the_stages_in_priority_order(tmp_path):
     assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
     assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
     assert "--pack" in stages[4].commands[0] and "paper" in stages[4].commands[0]
+    # with bitsandbytes on the machine: chapter 10's Jetson path, an NF4 base in fp16, q 4 and 16
+    quantized = {s.name: s for s in sitting.sitting_stages(tmp_path, quantized=True, jetson_steps=90)}
+    jetson = quantized["jetson-nf4"].commands
+    assert [c[c.index("--q") + 1] for c in jetson] == ["4", "16"]
+    assert all(("--quant", "nf4") == c[c.index("--quant"):c.index("--quant") + 2] and "fp16" in c
+               and c[c.index("--steps") + 1] == "90" and c[c.index("--eval-every") + 1] == "30" for c in jetson)
+    assert list(quantized).index("jetson-nf4") == list(quantized).index("table1-paper-packed") - 1
 
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):

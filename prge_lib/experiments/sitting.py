@@ -55,11 +55,12 @@ class Stage:
 
 
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
-                   device: str = "cuda", model: str | None = None) -> list[Stage]:
+                   device: str = "cuda", model: str | None = None, jetson_steps: int = 300) -> list[Stage]:
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
     RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
-    rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. Table 1's paper-profile cells in
-    packs. Result files go under ``out``."""
+    rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. (with ``quantized``) the Jetson
+    path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps`` steps, 5. Table 1's paper-profile cells
+    in packs. Result files go under ``out``."""
     out = Path(out)
     results = str(out / "results")
     common = ["--device", device] + (["--model", model] if model else [])
@@ -75,6 +76,11 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                     "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"), *common)
                    for seed in paired_seeds for dtype in ("fp32", "fp16"))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
+    # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
+    jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",
+                    str(jetson_steps), "--eval-every", str(max(jetson_steps // 3, 1)), "--n-test", "500", "--seed", "0",
+                    "--quant", "nf4", "--dtype", "fp16",
+                    "--out", str(out / "jetson" / f"sst2_nf4_fp16_q{q}.json"), *common) for q in (4, 16))
     check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
     return [Stage("gpu-check", "the engine's checks on the device (same z, no host sync, graphs, fp16 base)", 1.0,
                   (check,)),
@@ -85,6 +91,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             Stage("paired-fp32-fp16", f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds "
                   f"{','.join(map(str, paired_seeds))}", 5.0 * len(paired_seeds), paired,
                   summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
+            *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
+                     f"SST-2 steps", 4.0, jetson)] if quantized else []),
             Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
 
 

@@ -84,6 +84,7 @@ class TrainRecord(TypedDict):
     elapsed_s: NotRequired[dict[str, float]]
     cell: NotRequired[dict[str, Any]]
     packed: NotRequired[dict[str, Any]]
+    cuda_peak_mib: NotRequired[float]   # a GPU run: torch.cuda.max_memory_allocated over the process, MiB
 
 
 class ZeroShotRecord(TypedDict):

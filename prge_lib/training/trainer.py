@@ -297,4 +297,7 @@ class Trainer:
             **({"method_settings": self.method.settings} if self.method.settings else {}),
             **({"phase_times_s": {k: round(v, 3) for k, v in self.method.times.items()}}
                if self.method.times else {}),
+            # on a GPU: the most memory torch held for tensors at any time in this process (model, steps, evaluations)
+            **({"cuda_peak_mib": round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)}
+               if self.device.type == "cuda" else {}),
         }
