@@ -187,3 +187,17 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert abs(tests[("iid", "centralised")]["difference"] - 1.0) < 1e-9
     assert tests[("label-skew", "centralised")]["verdict"] == "difference"             # −10, −11, −11 points
     assert summary["rows"]["iid"]["final"]["n"] == 3 and "no difference detected" in (tmp_path / "summary.md").read_text()
+    # accuracy against the clients a round: C 2 is the iid run, the others come from clients/, paired C max − C min
+    assert list(summary["clients"]["rows"]) == ["2"] and summary["clients"]["test"] is None
+    (tmp_path / "clients").mkdir()
+    for c, s, values in ((1, 10, (0.70, 0.72, 0.71)), (10, 1, (0.55, 0.56, 0.58))):
+        for seed, final in enumerate(values):
+            record = json.loads((tmp_path / f"iid_seed{seed}.json").read_text())
+            record.update(final={"test": final}, federation={"clients": 10, "per_round": c, "local_steps": s,
+                                                             "rounds": 10})
+            (tmp_path / "clients" / f"iid_C{c}_seed{seed}.json").write_text(json.dumps(record))
+    clients = write_summary(tmp_path)["clients"]
+    assert [(r["per_round"], r["local_steps"]) for r in clients["rows"].values()] == [(1, 10), (2, 5), (10, 1)]
+    assert clients["test"]["a"] == "C 10" and clients["test"]["verdict"] == "difference"     # −15, −16, −13 points
+    assert abs(clients["test"]["difference"] + 14.67) < 0.01
+    assert "| 10 | 1 | 56.3 ± 1.5 (3) |" in (tmp_path / "summary.md").read_text()

@@ -67,18 +67,49 @@ def summarize(folder: str | Path = FOLDER) -> dict:
                       else "no difference detected")
         tests.append(result)
     any_run = next((r for by_seed in runs.values() for r in by_seed.values()), None)
-    return {"kind": "federated-summary", "rows": rows, "tests": tests,
+    return {"kind": "federated-summary", "rows": rows, "tests": tests, "clients": clients_summary(folder, runs),
             "settings": None if any_run is None else {
                 k: any_run["federation"][k] for k in ("clients", "per_round", "local_steps", "rounds")} | {
                 k: any_run["config"][k] for k in ("q", "E", "eps", "lr")} | {"n_test": any_run["n_test"],
                                                                              "steps": any_run["steps"]}}
 
 
-def cell_text(spread: dict) -> str:
+def clients_summary(folder: str | Path, runs: dict[str, dict[int, dict]]) -> dict:
+    """Accuracy against the clients a round, C, at one budget of local steps (``tools/run_federated_clients``):
+    per C, over seeds, the test accuracy after training, its gain over zero-shot and the last round's loss
+    (C 2 is the iid run of ``folder``, the others ``clients/iid_C<C>_seed<N>.json``), and the paired t test of
+    the largest C against the smallest."""
+    by_c: dict[int, dict[int, dict]] = {}
+    for seed, record in runs["iid"].items():
+        by_c.setdefault(record["federation"]["per_round"], {})[seed] = record
+    for path in sorted((Path(folder) / "clients").glob("iid_C*_seed*.json")):
+        record = json.loads(path.read_text())
+        by_c.setdefault(record["federation"]["per_round"], {})[record["seed"]] = record
+    rows = {}
+    for c in sorted(by_c):
+        seeds = sorted(by_c[c])
+        final = [100 * by_c[c][s]["final"]["test"] for s in seeds]
+        zero = [100 * by_c[c][s]["zero_shot"]["test"] for s in seeds]
+        rows[str(c)] = {"per_round": c, "local_steps": by_c[c][seeds[0]]["federation"]["local_steps"],
+                        "seeds": seeds, "final": _spread(final), "gain": _spread([f - z for f, z in zip(final, zero)]),
+                        "last_round_loss": _spread([by_c[c][s]["round_losses"][-1] for s in seeds])}
+    test = None
+    if len(by_c) >= 2:
+        low, high = min(by_c), max(by_c)
+        seeds = sorted(set(by_c[low]) & set(by_c[high]))
+        if len(seeds) >= 2:
+            test = paired([100 * by_c[high][s]["final"]["test"] for s in seeds],
+                          [100 * by_c[low][s]["final"]["test"] for s in seeds])
+            test.update(a=f"C {high}", b=f"C {low}", seeds=seeds,
+                        verdict="difference" if verdict_of(test["p"]) == DIFFERENCE else "no difference detected")
+    return {"rows": rows, "test": test}
+
+
+def cell_text(spread: dict, digits: int = 1) -> str:
     """A table cell: mean ± sd (number of seeds), or a dash."""
     if spread["mean"] is None:
         return "–"
-    return f"{spread['mean']:.1f}" + (f" ± {spread['sd']:.1f}" if spread["sd"] is not None else "") + \
+    return f"{spread['mean']:.{digits}f}" + (f" ± {spread['sd']:.{digits}f}" if spread["sd"] is not None else "") + \
         f" ({spread['n']})"
 
 
@@ -92,9 +123,23 @@ def markdown(summary: dict) -> str:
         if "p" not in t:
             lines.append(f"- {t['a']} − {t['b']}: {t['verdict']}")
             continue
-        lines.append(f"- {t['a']} − {t['b']}: {t['difference']:+.1f} points, t({t['df']}) = {t['statistic']:.2f}, "
-                     f"p = {t['p']:.2g}, 95% CI [{t['ci'][0]:.1f}, {t['ci'][1]:.1f}]: {t['verdict']}")
+        lines.append(test_line(t))
+    clients = summary.get("clients") or {"rows": {}}
+    if len(clients["rows"]) > 1:
+        lines += ["", "Clients a round (C), each taking S local steps, at one budget of C·S local steps a round:", "",
+                  "| C | S | after training | gain (points) | last round's loss |", "|---|---|---|---|---|"]
+        for row in clients["rows"].values():
+            lines.append(f"| {row['per_round']} | {row['local_steps']} | {cell_text(row['final'])} | "
+                         f"{cell_text(row['gain'])} | {cell_text(row['last_round_loss'], 2)} |")
+        if clients["test"]:
+            lines += ["", test_line(clients["test"])]
     return "\n".join(lines) + "\n"
+
+
+def test_line(t: dict) -> str:
+    """One paired t test as a line: the difference, t, p, its 95% CI and the verdict."""
+    return (f"- {t['a']} − {t['b']}: {t['difference']:+.1f} points, t({t['df']}) = {t['statistic']:.2f}, "
+            f"p = {t['p']:.2g}, 95% CI [{t['ci'][0]:.1f}, {t['ci'][1]:.1f}]: {t['verdict']}")
 
 
 def write_summary(folder: str | Path) -> dict:
