@@ -12,7 +12,7 @@ import pytest
 from prge_lib.deploy.client import (DeviceNoise, envelope_constant, eager_client, replay_config, replay_parity,
                                     replay_with_envelope, runtime_round)
 from prge_lib.distributed.replay import adapter_digest
-from prge_lib.distributed.upload import Upload, replay_upload, upload_numbers, upload_of_run
+from prge_lib.distributed.upload import Upload, replay_upload, upload_of_run
 from prge_lib.zo.lora import adapter_state
 from test_native import needs_native      # the same rule: skipped, naming the package, without cmake or g++
 
@@ -40,13 +40,15 @@ def _client(device_round, tiny_folder):
     return eager_client(config)
 
 
-def test_the_upload_is_the_steps_seeds_and_projected_gradients(device_round):
+def test_the_upload_is_the_steps_seed_indices_and_projected_gradients(device_round):
     upload = device_round.upload
-    assert (upload.run_seed, upload.q, upload.start, upload.steps) == (0, 2, 0, STEPS)
-    assert [list(g) for g in upload.projected_grad] == device_round.result["projected_grad"]
-    assert upload_numbers(upload) == 2 * 2 * STEPS
-    again = Upload.from_json(upload.to_json())
-    assert again == upload                        # JSON carries the fp32 g exactly
+    assert (upload.run_seed, upload.q, upload.client, upload.round) == (0, 2, 0, 0)
+    assert [t for t, _ in upload.steps] == list(range(STEPS))
+    assert [list(g) for _, g in upload.steps] == device_round.result["projected_grad"]
+    assert upload.numbers() == STEPS * (1 + 2)
+    assert Upload.from_json(upload.to_json()) == upload                   # JSON carries the fp32 g exactly
+    wire = upload.to_bytes()                                              # and so do the wire's float32
+    assert len(wire) == 11 + STEPS * (4 + 4 * 2) and Upload.from_bytes(wire, run_seed=0) == upload
 
 
 def test_the_host_derives_the_g_the_program_applied(tiny_program, device_noise):
@@ -105,9 +107,10 @@ def test_the_cpp_host_uploads_the_same_round(device_round, device_noise, tiny_pr
 def test_the_envelope_catches_a_changed_projected_gradient(device_round, device_noise, tiny_folder):
     """One g of one step changed by 1e-5 relative puts the replay outside the envelope: the check can fail."""
     upload = device_round.upload
-    grads = [list(g) for g in upload.projected_grad]
+    grads = [list(g) for _, g in upload.steps]
     grads[3][1] *= 1 + 1e-5
-    changed = Upload(upload.run_seed, upload.q, upload.start, upload.seeds, tuple(map(tuple, grads)))
+    changed = Upload(upload.client, upload.round, tuple((t, tuple(g)) for (t, _), g in zip(upload.steps, grads)),
+                     upload.run_seed)
     client = _client(device_round, tiny_folder)
     envelope = replay_with_envelope(client, changed, device_noise)
     assert not replay_parity(device_round.adapter, client, envelope)["within_envelope"]
@@ -131,12 +134,12 @@ def test_eager_clients_replaying_one_upload_agree_bit_for_bit(device_round, tiny
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(run_seed=1), "seed 1"),
     (lambda d: d.update(q=3), "q is 3"),
-    (lambda d: d.update(start=1), "not the run's seeds"),
     (lambda d: d["steps"][0]["g"].__setitem__(0, float("nan")), "not finite"),
-    (lambda d: d["steps"][0]["seeds"].pop(), "1 seeds and 2 projected gradients"),
+    (lambda d: d["steps"][1]["g"].pop(), "step 1: 1 projected gradients, but the upload's first step has q = 2"),
     (lambda d: d.update(format="other"), "format 'other'"),
-    (lambda d: d.pop("start"), "has no field 'start'"),
-    (lambda d: d["steps"][1].update(g="x"), "step 1: 1 seeds|could not convert"),
+    (lambda d: d.update(format="prge-upload/1"), "written by an earlier version"),
+    (lambda d: d.pop("run_seed"), "has no field 'run_seed'"),
+    (lambda d: d["steps"][1].update(g="x"), "could not convert"),
 ])
 def test_an_upload_from_another_run_is_refused(device_round, tiny_folder, change, message):
     data = json.loads(device_round.upload.to_json())
@@ -166,7 +169,7 @@ def test_cli_device_train_upload_then_replay(device_round, tiny_program, fixture
     (tmp_path / "fo.json").write_text(json.dumps({"task": "sst2", "method": "fo"}))
     (tmp_path / "odd.json").write_text(json.dumps({"task": "sst2", "colour": "red"}))
     for config, message, said in [(tmp_path / "none.json", up, "--config .*none.json: no such file"),
-                                  (run, run, "format None; an upload has format 'prge-upload/1'"),
+                                  (run, run, "format None; an upload has format 'prge-upload/2'"),
                                   (tmp_path / "list.json", up, "holds a list"),
                                   (tmp_path / "odd.json", up, r"not a training config: unknown fields \['colour'\]"),
                                   (tmp_path / "fo.json", up, "is a fo run; an upload replays the methods prge")]:

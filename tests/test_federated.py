@@ -20,7 +20,7 @@ from prge_lib.cli.main import main
 from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.distributed.federated import FederatedConfig, FederatedRun, apply_broadcast, plan, seed_index
-from prge_lib.distributed.messages import Upload, decode_upload, encode_upload
+from prge_lib.distributed.upload import Upload
 from prge_lib.distributed.replay import adapter_digest
 from prge_lib.distributed.shards import iid_shards, label_counts, label_skew_shards, make_shards
 from prge_lib.training.config import TrainConfig
@@ -70,10 +70,10 @@ def test_the_plan_gives_every_step_its_own_seed_index_and_batches_from_the_clien
 def test_the_upload_is_its_measured_bytes_and_grows_with_s_times_q_not_the_adapter():
     g = torch.randn(4, dtype=torch.float32)
     upload = Upload(3, 7, tuple((t, tuple(g.tolist())) for t in range(5)))
-    data = encode_upload(upload)
-    assert decode_upload(data) == upload                   # float32 values survive exactly
+    data = upload.to_bytes()
+    assert Upload.from_bytes(data) == upload               # float32 values survive exactly
     assert len(data) == 11 + 5 * (4 + 4 * 4)
-    wider = encode_upload(Upload(3, 7, tuple((t, tuple(range(8))) for t in range(10))))
+    wider = Upload(3, 7, tuple((t, tuple(float(x) for x in range(8))) for t in range(10))).to_bytes()
     assert len(wider) == 11 + 10 * (4 + 4 * 8)           # S·q four times larger: the steps' part nearly four times
 
 

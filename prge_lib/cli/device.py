@@ -49,7 +49,7 @@ def run_device_train(args) -> int:
         upload = upload_of_run(result)
         with atomic_file(args.upload) as tmp:
             Path(tmp).write_text(upload.to_json())
-        print(f"prge: the upload of {upload.steps} steps ({Path(args.upload).stat().st_size} bytes) -> {args.upload}; "
+        print(f"prge: the upload of {len(upload.steps)} steps ({Path(args.upload).stat().st_size} bytes) -> {args.upload}; "
               f"`prge replay --config {args.out} --message {args.upload}` rebuilds the adapter", file=sys.stderr)
     if args.check_eager:
         print(f"parity with eager P-RGE over {result['parity']['steps']} steps: largest relative loss "
@@ -152,7 +152,7 @@ def device_train_options(dt) -> None:
                     help="what drives the program: this Python process (default), the C++ trainer built for this "
                          "machine (native), or built for aarch64 and run under qemu (native-aarch64); chapter 10")
     dt.add_argument("--upload", default=None,
-                    help="also write the run's upload: each step's seeds and projected gradients, from which "
+                    help="also write the run's upload: each step's index and projected gradients, from which "
                          "`prge replay` rebuilds the adapter on another client (chapter 11)")
     dt.add_argument("--out", required=True, help="where to write the JSON result")
     dt.set_defaults(run=run_device_train)
@@ -188,8 +188,8 @@ def run_replay(args) -> int:
     upload = Upload.from_json(texts["--message"], f"--message {args.message}")
     method = replay_upload(eager_client(config), upload)
     save_adapter(method.model, args.out, {"task": config.task, "method": config.method,
-                                          "replayed_steps": f"{upload.start}-{upload.start + upload.steps - 1}"})
-    print(f"replayed steps {upload.start} to {upload.start + upload.steps - 1} of the {config.task} run "
+                                          "replayed_steps": f"{upload.steps[0][0]}-{upload.steps[-1][0]}"})
+    print(f"replayed steps {upload.steps[0][0]} to {upload.steps[-1][0]} of the {config.task} run "
           f"(seed {config.seed}, q = {config.q}): adapter sha256 {adapter_digest(adapter_state(method.model))[:16]} "
           f"-> {args.out}")
     return 0

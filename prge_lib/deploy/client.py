@@ -1,5 +1,5 @@
 """An ExecuTorch client in a round (chapter 11): the exported step of chapter 10 trains k steps on the device,
-the client uploads the steps' seeds and projected gradients (:class:`prge_lib.distributed.upload.Upload`), and
+the client uploads the steps' seed indices and projected gradients (:class:`prge_lib.distributed.upload.Upload`), and
 another client rebuilds the adapter eagerly from the run's config and that upload alone.
 
 **Where the g come from.** The program returns the (2, q) losses and the new adapter
@@ -151,7 +151,7 @@ def replay_with_envelope(method: PRGE, upload: Upload, device_noise: DeviceNoise
     arithmetic = [torch.zeros_like(layer.lora_B) for layer in method.layers]
     generator = [torch.zeros_like(layer.lora_B) for layer in method.layers]
     largest = 0.0
-    for t, (seeds, g) in enumerate(zip(upload.seeds, upload.projected_grad), upload.start):
+    for (t, g), seeds in zip(upload.steps, upload.seeds()):
         drawn = [device_noise(seed) for seed in seeds]
         for layer, total, differ in zip(method.layers, arithmetic, generator):
             total += layer.lora_B.abs()

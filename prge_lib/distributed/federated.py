@@ -1,7 +1,7 @@
 """Federated P-RGE (chapter 11): K clients, each with its own shard of the training sample
 (:mod:`prge_lib.distributed.shards`), C of them chosen each round; a chosen client starts from the global adapter,
 runs S local P-RGE steps (ZO-SGD, Gao et al. Alg. 1) on batches of its shard and uploads only its steps' seed
-indices and projected gradients (:mod:`prge_lib.distributed.messages`). The server aggregates by replay alone
+indices and projected gradients (:mod:`prge_lib.distributed.upload`). The server aggregates by replay alone
 (FedAvg of the client deltas):
 
     B ← B + (1/C) Σ_c Σ_s Δ_c,s,      Δ_c,s = −(η/q) Σ_i g_c,s,i z(s_c,s,i)
@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from prge_lib.common.provenance import atomic_file
-from prge_lib.distributed.messages import Upload, decode_broadcast, encode_broadcast, encode_upload
+from prge_lib.distributed.upload import Upload, decode_broadcast, encode_broadcast
 from prge_lib.distributed.replay import adapter_digest, replay_steps
 from prge_lib.distributed.shards import SPLITS, check_split, label_counts, make_shards, shard_sizes
 from prge_lib.training.records import SCHEMA_VERSION, step_times
@@ -223,7 +223,7 @@ class FederatedRun:
                     tensor.copy_(start_b[name])        # every client starts from the global adapter
             pairs, l, s = self.local_steps(client_steps)
             losses, seconds = losses + l, seconds + s
-            uploads.append(encode_upload(Upload(k, r, tuple(pairs))))
+            uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(start_b[name])
@@ -293,7 +293,7 @@ class FederatedRun:
             "download_bytes_per_client_round": download[0] if len(download) == 1 else download,
             "total": {"upload": total_up, "download": total_down, "all": total_up + total_down},
             "first_order_fedavg_upload_bytes_per_client_round": adapter_bytes(self.method),
-            "counted": "len(bytes) of each serialized upload and broadcast (prge_lib.distributed.messages); "
+            "counted": "len(bytes) of each serialized upload and broadcast (prge_lib.distributed.upload); "
                        "every one of the K clients receives every broadcast; the first-order figure is the "
                        "adapter's float32 bytes, the delta a first-order FedAvg client would upload",
         }
