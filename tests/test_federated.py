@@ -152,6 +152,27 @@ def test_the_command_writes_both_results(fixture_data, tiny_folder, tmp_path, mo
     assert fed["zero_shot"]["taken_from"].startswith("the centralised baseline")
 
 
+def test_the_command_takes_device_clients(fixture_data, tiny_folder, tiny_program, tmp_path, monkeypatch, capsys):
+    """`prge federate --device-clients 0,1 --program step.pte`: the result records the device clients' parity and
+    validates; a program without clients, clients without a program, or a bad number are refused in one line."""
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    run = {**BASE, "max_length": 24, "layers": 1, "model": tiny_folder}
+    out = tmp_path / "f.json"
+    assert main(["federate", *options(**run), "--device-clients", "0,1", "--program", str(tiny_program),
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    jsonschema.validate(record, json_schema(FederatedRecord))
+    assert record["config"]["noise"] == "counter" and record["federation"]["device_clients"]["clients"] == [0, 1]
+    assert record["federation"]["device_clients"]["max_rel_loss_diff"] <= 1e-4
+    for extra, message in ((["--program", str(tiny_program)], "name them with --device-clients"),
+                           (["--device-clients", "0"], "--device-clients needs --program"),
+                           (["--device-clients", "a", "--program", str(tiny_program)], "client numbers separated"),
+                           (["--device-clients", "7", "--program", str(tiny_program)], "numbered 0 to 2")):
+        capsys.readouterr()
+        assert main(["federate", *options(**run), *extra, "--out", str(tmp_path / "x.json")]) == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"split": "label-skew"}, "--skew None: the label-skew split needs a share p"),
     ({"split": "label-skew", "skew": 1.5}, "--skew 1.5"),
@@ -201,3 +222,50 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert clients["test"]["a"] == "C 10" and clients["test"]["verdict"] == "difference"     # −15, −16, −13 points
     assert abs(clients["test"]["difference"] + 14.67) < 0.01
     assert "| 10 | 1 | 56.3 ± 1.5 (3) |" in (tmp_path / "summary.md").read_text()
+
+
+# ----- an ExecuTorch client in the rounds
+def device_setup(tokenizer, fixture_data, tiny_folder, **changes) -> Trainer:
+    """The run the tests' exported step (tiny model cut to one layer, q 2, E 4, 24 tokens, seed 0) was made for."""
+    c = TrainConfig(**{**SETTINGS, "model": str(tiny_folder), "layers": 1, "max_length": 24, "noise": "counter",
+                       **changes})
+    data = sample_task(get_task(c.task), c.seed, c.n_train, c.n_val, c.n_test, root=fixture_data)
+    return Trainer(c, None, None, data, progress=False)
+
+
+def test_an_executorch_client_takes_part_in_the_rounds(tokenizer, fixture_data, tiny_folder, tiny_program):
+    """Client 1 trains its local steps in the runtime (the portable kernels): the server replays its uploads like
+    any client's, a client that joins later rebuilds the same adapter bit for bit from the broadcasts, and each
+    device step agrees with its eager twin's from the same adapter within the paper's 1e-4 (relative loss)."""
+    from prge_lib.deploy.client import program_client
+
+    s = device_setup(tokenizer, fixture_data, tiny_folder)
+    fed = FederatedConfig(clients=3, per_round=2, local_steps=2, rounds=3)
+    run = FederatedRun(s, fed, progress=False, device_method=program_client(s, tiny_program), device_clients=(1,))
+    result = run.run()
+    info = result["federation"]["device_clients"]
+    chosen = [r for r, clients in enumerate(result["federation"]["clients_by_round"]) if 1 in clients]
+    assert info["clients"] == [1] and info["program"] == tiny_program.name and chosen
+    assert [r["round"] for r in info["rounds"]] == chosen and all(r["steps"] == 2 for r in info["rounds"])
+    assert info["max_rel_loss_diff"] <= 1e-4 and all(r["within_1e-4"] for r in info["rounds"])
+    joining = device_setup(tokenizer, fixture_data, tiny_folder).method       # B₀ = 0, the run's config
+    for broadcast in run.broadcasts:
+        apply_broadcast(joining, broadcast, fed.per_round)
+    assert adapter_digest(joining.trainable()) == result["adapter_sha256"]
+    assert any(b.abs().max() > 0 for b in joining.trainable().values())
+
+
+def test_a_device_client_is_refused_where_it_cannot_stand_in(tokenizer, fixture_data, tiny_folder, tiny_program):
+    from prge_lib.deploy.client import program_client
+
+    fed = FederatedConfig(clients=3, per_round=2, local_steps=2, rounds=1)
+    s = device_setup(tokenizer, fixture_data, tiny_folder)
+    with pytest.raises(ValueError, match=r"exported for other settings .*'seed': \(0, 5\)"):
+        program_client(device_setup(tokenizer, fixture_data, tiny_folder, seed=5), tiny_program)
+    with pytest.raises(ValueError, match="--noise counter"):
+        program_client(device_setup(tokenizer, fixture_data, tiny_folder, noise="torch"), tiny_program)
+    with pytest.raises(ValueError, match="clients are numbered 0 to 2"):
+        FederatedRun(s, fed, progress=False, device_method=program_client(s, tiny_program), device_clients=(3,))
+    with pytest.raises(ValueError, match="centralised baseline has none"):
+        FederatedRun(s, fed, "centralised", progress=False, device_method=program_client(s, tiny_program),
+                     device_clients=(0,))

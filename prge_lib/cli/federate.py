@@ -13,13 +13,21 @@ CONFIG_FIELDS = ("task", "q", "E", "eps", "lr", "seed", "n_train", "n_val", "n_t
 
 
 def run_federate(args) -> int:
+    from prge_lib.deploy.client import program_client
     from prge_lib.distributed.federated import FederatedConfig, FederatedRun
     from prge_lib.models.options import EMBEDDED
     from prge_lib.training.config import TrainConfig
     from prge_lib.training.trainer import Trainer
 
+    device_clients = parse_clients(args.device_clients)
+    if device_clients and not args.program:
+        raise ValueError("--device-clients needs --program, the exported training step they run (prge export)")
+    if args.program and not device_clients:
+        raise ValueError("--program is the step of the device clients; name them with --device-clients")
     config = TrainConfig(method="prge", steps=1, eval_every=0,
-                         **{name: getattr(args, name) for name in CONFIG_FIELDS})
+                         **{name: getattr(args, name) for name in CONFIG_FIELDS},
+                         # a device client draws its program's counter noise; the eager clients replay with it
+                         **({"noise": "counter"} if device_clients else {}))
     fed = FederatedConfig(args.clients, args.per_round, args.local_steps, args.rounds, args.split, args.skew)
     resolved = config.resolved()                 # refuse bad settings before loading anything
     fed.check(resolved.n_train, resolved.batch_size)
@@ -31,9 +39,12 @@ def run_federate(args) -> int:
     model = config.model or EMBEDDED
     outputs = ([("centralised", args.baseline)] if args.baseline else []) + [("federated", args.out)]
     zero_shot = zero_shot_from(args.zero_shot_from, config, model) if args.zero_shot_from else None
+    device = program_client(setup, args.program) if device_clients else None
     for mode, out in outputs:
         start = time.perf_counter()
-        run = FederatedRun(setup, fed, mode, folder / mode if folder else None, progress=True)
+        run = FederatedRun(setup, fed, mode, folder / mode if folder else None, progress=True,
+                           **({"device_method": device, "device_clients": device_clients} if mode == "federated"
+                              else {}))
         result = run.run(resume=args.resume and (folder / mode / "federated.pt").is_file(), zero_shot=zero_shot)
         if zero_shot is not None and "taken_from" not in result["zero_shot"]:
             result["zero_shot"]["taken_from"] = args.zero_shot_from or f"the centralised baseline, {args.baseline}"
@@ -47,6 +58,16 @@ def run_federate(args) -> int:
         print(f"{result['title']} {mode} ({fed.split}): {result['steps']} steps, test "
               f"{100 * result['zero_shot']['test']:.1f} -> {100 * result['final']['test']:.1f}{traffic} -> {out}")
     return 0
+
+
+def parse_clients(text: str | None) -> tuple[int, ...]:
+    """``--device-clients 0,3`` as (0, 3); a ValueError naming what is not a client number."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise ValueError(f"--device-clients {text!r}: client numbers separated by commas, e.g. 0,3") from None
 
 
 def zero_shot_from(path: str, config, model: str) -> float:
@@ -85,6 +106,12 @@ def federate_options(p) -> None:
     p.add_argument("--checkpoint-dir", default=None,
                    help="folder of the per-round checkpoints (one subfolder per mode)")
     p.add_argument("--resume", action="store_true", help="continue the runs saved in --checkpoint-dir")
+    p.add_argument("--device-clients", default=None, metavar="K[,K…]",
+                   help="clients that run the exported training step of --program in the ExecuTorch runtime (the "
+                        "others run eager PyTorch); their steps are also computed eagerly from the same adapter and "
+                        "the result records how far apart they are; sets --noise counter for the run")
+    p.add_argument("--program", default=None, help="the device clients' step (.pte, `prge export` for this run's "
+                                                   "task, q, E, seed, layers and --max-length)")
     p.add_argument("--out", required=True, help="where to write the federated run's JSON result")
     p.set_defaults(run=run_federate)
 

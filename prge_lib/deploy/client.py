@@ -46,7 +46,7 @@ from torch import nn
 
 from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import export_program, read_program_meta
-from prge_lib.deploy.runtime import RuntimeStep
+from prge_lib.deploy.runtime import ProgramPRGE, RuntimeStep
 from prge_lib.distributed.replay import replay
 from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
 from prge_lib.models.loading import load_model
@@ -120,6 +120,26 @@ def runtime_round(pte, task: str, steps: int, host: str = "python", progress: bo
                                   **settings)
         adapter = read_adapter(saved)
     return ClientRound(result, upload_of_run(result), adapter)
+
+
+def program_client(setup, program) -> ProgramPRGE:
+    """A federated device client (:class:`prge_lib.distributed.federated.FederatedRun` ``device_method``): the
+    exported step ``program`` on the setup's eager model and layers, so that it reads the adapter a round starts
+    from; refused, with the settings that differ, when it was exported for another run."""
+    if not Path(program).is_file():
+        raise FileNotFoundError(f"--program {program}: no such file")
+    c, method = setup.config, setup.method
+    if c.noise != "counter":
+        raise ValueError("a device client draws the counter noise of its program; give the run --noise counter, so "
+                         "that the eager clients replay its steps with the same z")
+    settings = read_program_meta(program)["settings"]
+    run = {"task": c.task, "E": c.E, "seed": c.seed, "r": c.r, "alpha": c.alpha, "layers": c.layers}
+    differ = {k: (settings.get(k), v) for k, v in run.items() if settings.get(k) != v}
+    if differ:       # A is drawn from the seed when the step is exported: another seed would train another adapter
+        raise ValueError(f"the program {program} was exported for other settings (program, run): {differ}; export "
+                         f"it with this run's task, E, seed, r, alpha and layers")
+    return ProgramPRGE(method.model, method.layers, program, c.q, c.eps, c.lr, c.seed, c.max_length,
+                       setup.tokenizer.pad_token_id)
 
 
 def replay_config(record: dict, source: str = "the config") -> TrainConfig:

@@ -15,6 +15,7 @@ import platform
 import sys
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -92,6 +93,7 @@ class ProgramPRGE(PRGE):
         if differ:
             raise ValueError(f"the program {path} was exported for other settings (program, run): {differ}")
         self.width, self.target_width, self.pad_id = width, settings["target_width"], pad_id
+        self.path = Path(path)
         self.program = RuntimeStep(path) if load else None
 
     def feed(self, batch: Batch, t: int) -> tuple:

@@ -19,6 +19,14 @@ over exactly the batches the clients used, in the order they used them, with the
 learning rate: only the federation differs. With C = 1 and S = 1 the two are the same computation (each round one
 step from the global adapter, applied at η/1) and end bit-identical (tests/test_federated.py).
 
+A client can also be an ExecuTorch program (``device_clients`` with ``device_method``: the exported step of chapter
+10 on the Python host, :func:`prge_lib.deploy.client.program_client`): from the global adapter it trains its local steps in
+the runtime and uploads their g like any client; the server and the other clients replay them eagerly. Its g come
+from the runtime's forward and noise, so each of its steps is also computed by an eager twin from the same
+adapter, and the round records how far apart the two are (the paper's parity check, §4.3: relative loss
+difference, and the largest g difference). What the device client holds after a round is the broadcast replayed
+on the host, like every client; an exported update-only program that would replay it on the device is not built.
+
 A run checkpoints after every round (the global adapter, the round index, the broadcasts so far); resumed, it goes
 on as the uninterrupted run would, since every choice is a function of (run seed, round).
 """
@@ -118,6 +126,15 @@ def apply_broadcast(method: PRGE, broadcast: bytes, per_round: int) -> list[Uplo
     return uploads
 
 
+def device_parity(client: int, pairs: list, losses: list[float], twin_pairs: list, twin_losses: list[float]) -> dict:
+    """A device client's steps against its eager twin's from the same adapter: the largest relative difference of
+    the step losses (the paper's check, within 1e-4 passes) and of the g."""
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, twin_losses, strict=True)]
+    g_gap = [abs(a - b) for (_, ga), (_, gb) in zip(pairs, twin_pairs, strict=True) for a, b in zip(ga, gb)]
+    return {"client": client, "steps": len(rel), "max_rel_loss_diff": max(rel), "max_abs_g_diff": max(g_gap),
+            "within_1e-4": max(rel) <= 1e-4}
+
+
 def adapter_bytes(method: PRGE) -> int:
     """Bytes of the adapter as float32 numbers, serialized: what a first-order FedAvg client uploads a round
     (its delta, one number per trainable parameter)."""
@@ -130,7 +147,8 @@ class FederatedRun:
     serves several runs in turn). ``test``: the examples scored before and after training."""
 
     def __init__(self, setup: Trainer, fed: FederatedConfig, mode: str = "federated",
-                 checkpoint_dir: str | Path | None = None, progress: bool = True, test: list | None = None):
+                 checkpoint_dir: str | Path | None = None, progress: bool = True, test: list | None = None,
+                 device_method: PRGE | None = None, device_clients: tuple[int, ...] = ()):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         if not isinstance(setup.method, PRGE) or setup.config.engine != "layerwise":
@@ -145,11 +163,21 @@ class FederatedRun:
         self.shards = make_shards(fed.split, self.labels, fed.clients, c.seed, fed.skew)
         self.plan = plan(c.seed, fed, self.shards, c.batch_size)
         self.checkpoint = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
+        self.device_clients, self.device_method = tuple(sorted(set(device_clients))), device_method
+        if self.device_clients:
+            if mode != "federated":
+                raise ValueError("device clients take part in federated rounds; the centralised baseline has none")
+            if device_method is None:
+                raise ValueError("device clients need the method they run (prge_lib.deploy.client.program_client)")
+            outside = [k for k in self.device_clients if not 0 <= k < fed.clients]
+            if outside:
+                raise ValueError(f"--device-clients {outside[0]}: clients are numbered 0 to {fed.clients - 1}")
 
     def identity(self) -> dict:
         """What a checkpoint must agree on to be resumed."""
         return {**self.setup.config.identity(), **dataclasses.asdict(self.fed), "mode": self.mode,
-                "n_test": len(self.test)}
+                "n_test": len(self.test),
+                **({"device_clients": list(self.device_clients)} if self.device_clients else {})}
 
     # ----- state
     def reset(self) -> None:
@@ -192,12 +220,15 @@ class FederatedRun:
         return value
 
     # ----- a round
-    def local_steps(self, steps: list[tuple[int, list[int]]]) -> tuple[list, list[float], list[float]]:
-        """P-RGE steps from the adapter as it is: the (t, g) pairs, the losses and the seconds of each."""
+    def local_steps(self, steps: list[tuple[int, list[int]]], method: PRGE | None = None
+                    ) -> tuple[list, list[float], list[float]]:
+        """P-RGE steps of ``method`` (default: the eager one) from the adapter as it is: the (t, g) pairs, the
+        losses and the seconds of each."""
+        method = method or self.method
         pairs, losses, seconds = [], [], []
         for t, indices in steps:
             start = time.perf_counter()
-            record = self.method.step(self.setup.batch_of(indices), t)
+            record = method.step(self.setup.batch_of(indices), t)
             seconds.append(time.perf_counter() - start)
             if not record["finite"]:
                 raise TrainingDiverged(f"round {self.round + 1}, seed index {t}: the loss is {record['loss']} "
@@ -217,11 +248,15 @@ class FederatedRun:
             return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses),
                     "losses": losses, "step_s": seconds, "steps": [[t, list(g)] for t, g in steps]}
         start_b = {k: v.detach().clone() for k, v in self.method.trainable().items()}
+        device = []
         for k, client_steps in work:
-            with torch.no_grad():
-                for name, tensor in self.method.trainable().items():
-                    tensor.copy_(start_b[name])        # every client starts from the global adapter
-            pairs, l, s = self.local_steps(client_steps)
+            self._load(start_b)                        # every client starts from the global adapter
+            if k in self.device_clients:
+                pairs, l, s = self.local_steps(client_steps, self.device_method)
+                self._load(start_b)                    # its eager twin, from the same adapter
+                device.append(device_parity(k, pairs, l, *self.local_steps(client_steps)[:2]))
+            else:
+                pairs, l, s = self.local_steps(client_steps)
             losses, seconds = losses + l, seconds + s
             uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
         with torch.no_grad():
@@ -231,7 +266,13 @@ class FederatedRun:
         apply_broadcast(self.method, broadcast, self.fed.per_round)
         self.broadcasts.append(broadcast)
         return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses), "losses": losses,
-                "step_s": seconds, "upload_bytes": [len(u) for u in uploads], "broadcast_bytes": len(broadcast)}
+                "step_s": seconds, "upload_bytes": [len(u) for u in uploads], "broadcast_bytes": len(broadcast),
+                **({"device": device} if device else {})}
+
+    def _load(self, adapter: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in self.method.trainable().items():
+                tensor.copy_(adapter[name])
 
     # ----- the run
     def run(self, resume: bool = False, zero_shot: float | None = None) -> dict:
@@ -299,4 +340,14 @@ class FederatedRun:
         }
         record["uploads"] = [{"round": r["round"], "clients": r["clients"], "upload_bytes": r["upload_bytes"],
                               "broadcast_bytes": r["broadcast_bytes"]} for r in self.rounds]
+        if self.device_clients:
+            checks = [d for r in self.rounds for d in r.get("device", [])]
+            record["federation"]["device_clients"] = {
+                "clients": list(self.device_clients),
+                "program": Path(getattr(self.device_method, "path", "")).name or None,
+                "rounds": [{"round": r["round"], **d} for r in self.rounds for d in r.get("device", [])],
+                "max_rel_loss_diff": max((d["max_rel_loss_diff"] for d in checks), default=None),
+                "max_abs_g_diff": max((d["max_abs_g_diff"] for d in checks), default=None),
+                "how": "each device step also computed by an eager twin from the same adapter; the server and "
+                       "every client replay the device's g eagerly"}
         return record
