@@ -112,9 +112,11 @@ _COMPILE_FAILED: list[str] = []      # why compiling failed, once it has
 
 
 def compiled_normal_run():
-    """:func:`_normal_run` through ``torch.compile`` (static shapes: one compilation per draw size), made once."""
+    """:func:`_normal_run` through ``torch.compile``, made once: compiled for the first draw's shape, and once more
+    with symbolic sizes when another shape comes (torch.compile's automatic dynamic shapes), so that packs of
+    many sizes, as a benchmark runs them, do not each pay a compilation."""
     if not _COMPILED:
-        _COMPILED.append(torch.compile(_normal_run, dynamic=False, fullgraph=True))
+        _COMPILED.append(torch.compile(_normal_run, fullgraph=True))
     return _COMPILED[0]
 
 
