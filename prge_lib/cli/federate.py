@@ -28,7 +28,8 @@ def run_federate(args) -> int:
                          **{name: getattr(args, name) for name in CONFIG_FIELDS},
                          # a device client draws its program's counter noise; the eager clients replay with it
                          **({"noise": "counter"} if device_clients else {}))
-    fed = FederatedConfig(args.clients, args.per_round, args.local_steps, args.rounds, args.split, args.skew)
+    fed = FederatedConfig(args.clients, args.per_round, args.local_steps, args.rounds, args.split, args.skew,
+                          args.drop)
     resolved = config.resolved()                 # refuse bad settings before loading anything
     fed.check(resolved.n_train, resolved.batch_size)
     config.steps = fed.steps
@@ -98,6 +99,9 @@ def federate_options(p) -> None:
                    help="iid: a random equal split; label-skew: each client's shard mostly its home label")
     p.add_argument("--skew", type=float, default=None,
                    help="label-skew: the share p of a client's examples drawn from its home label (e.g. 0.9)")
+    p.add_argument("--drop", type=float, default=0.0,
+                   help="the chance that a chosen client's upload is lost (drawn from the run seed, round and slot); "
+                        "a round is closed on the uploads that arrived, replayed at lr over their number (default 0)")
     p.add_argument("--baseline", default=None,
                    help="also write the centralised P-RGE run over the same batches, in the same order, to this file")
     p.add_argument("--zero-shot-from", default=None,

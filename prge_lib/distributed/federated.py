@@ -53,18 +53,20 @@ from prge_lib.zo.rge import mix_seed
 
 MODES = ("federated", "centralised")
 CHECKPOINT_NAME = "federated.pt"
-_CHOICE_TAG, _ORDER_TAG = 0xFED, 0xC11E     # the clients of a round; a client's data order
+_CHOICE_TAG, _ORDER_TAG, _DROP_TAG = 0xFED, 0xC11E, 0xD209    # a round's clients; a client's data order; losses
 
 
 @dataclass(frozen=True)
 class FederatedConfig:
-    """The federation's settings (K clients, C a round, S local steps, R rounds, the split and its skew p)."""
+    """The federation's settings (K clients, C a round, S local steps, R rounds, the split and its skew p, and the
+    chance ``drop`` that a chosen client's upload never arrives)."""
     clients: int = 10
     per_round: int = 2
     local_steps: int = 5
     rounds: int = 12
     split: str = "iid"
     skew: float | None = None
+    drop: float = 0.0
 
     def check(self, n_train: int, batch_size: int) -> None:
         """Refuse settings that cannot run, naming the value and what is allowed."""
@@ -73,6 +75,8 @@ class FederatedConfig:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
         if self.per_round > self.clients:
             raise ValueError(f"--per-round {self.per_round}: at most --clients ({self.clients}) clients a round")
+        if not 0 <= self.drop < 1:
+            raise ValueError(f"--drop {self.drop}: the chance that an upload is lost, at least 0 and below 1")
         check_split(self.split, self.clients, n_train, self.skew)
         smallest = min(shard_sizes(n_train, self.clients))
         if smallest < batch_size:
@@ -87,6 +91,12 @@ class FederatedConfig:
 def round_clients(seed: int, r: int, clients: int, per_round: int) -> list[int]:
     """The clients of round ``r``: ``per_round`` of ``clients`` drawn from (run seed, r), in increasing id."""
     return sorted(random.Random(mix_seed(seed, _CHOICE_TAG, r)).sample(range(clients), per_round))
+
+
+def upload_lost(seed: int, r: int, slot: int, drop: float) -> bool:
+    """Whether the upload of slot ``slot`` of round ``r`` is lost: a draw from (run seed, r, slot) below ``drop``
+    (the client trained, and its message never reached the server)."""
+    return drop > 0 and random.Random(mix_seed(seed, _DROP_TAG, r, slot)).random() < drop
 
 
 def seed_index(fed: FederatedConfig, r: int, slot: int, s: int) -> int:
@@ -118,11 +128,13 @@ def plan(seed: int, fed: FederatedConfig, shards: list[list[int]], batch_size: i
     return rounds
 
 
-def apply_broadcast(method: PRGE, broadcast: bytes, per_round: int) -> list[Upload]:
+def apply_broadcast(method: PRGE, broadcast: bytes) -> list[Upload]:
     """What the server and every client do with a round's broadcast: replay each upload's steps, in order, at
-    η/C (FedAvg of the client deltas); returns the uploads."""
+    η/n for the n uploads it holds (FedAvg of the deltas that arrived: n = C when none was lost; a round whose
+    uploads were all lost leaves the adapter as it was); returns the uploads."""
     _, uploads = decode_broadcast(broadcast)
-    replay_steps(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / per_round)
+    if uploads:
+        replay_steps(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / len(uploads))
     return uploads
 
 
@@ -175,7 +187,8 @@ class FederatedRun:
 
     def identity(self) -> dict:
         """What a checkpoint must agree on to be resumed."""
-        return {**self.setup.config.identity(), **dataclasses.asdict(self.fed), "mode": self.mode,
+        fed = {k: v for k, v in dataclasses.asdict(self.fed).items() if k != "drop" or v}   # older checkpoints: none
+        return {**self.setup.config.identity(), **fed, "mode": self.mode,
                 "n_test": len(self.test),
                 **({"device_clients": list(self.device_clients)} if self.device_clients else {})}
 
@@ -248,8 +261,8 @@ class FederatedRun:
             return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses),
                     "losses": losses, "step_s": seconds, "steps": [[t, list(g)] for t, g in steps]}
         start_b = {k: v.detach().clone() for k, v in self.method.trainable().items()}
-        device = []
-        for k, client_steps in work:
+        device, lost = [], []
+        for slot, (k, client_steps) in enumerate(work):
             self._load(start_b)                        # every client starts from the global adapter
             if k in self.device_clients:
                 pairs, l, s = self.local_steps(client_steps, self.device_method)
@@ -258,16 +271,19 @@ class FederatedRun:
             else:
                 pairs, l, s = self.local_steps(client_steps)
             losses, seconds = losses + l, seconds + s
-            uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
+            if upload_lost(self.setup.config.seed, r, slot, self.fed.drop):
+                lost.append(k)                         # trained, but the server never hears of it
+            else:
+                uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(start_b[name])
         broadcast = encode_broadcast(r, uploads)
-        apply_broadcast(self.method, broadcast, self.fed.per_round)
+        apply_broadcast(self.method, broadcast)
         self.broadcasts.append(broadcast)
         return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses), "losses": losses,
                 "step_s": seconds, "upload_bytes": [len(u) for u in uploads], "broadcast_bytes": len(broadcast),
-                **({"device": device} if device else {})}
+                **({"device": device} if device else {}), **({"lost": lost} if self.fed.drop else {})}
 
     def _load(self, adapter: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -339,7 +355,15 @@ class FederatedRun:
                        "adapter's float32 bytes, the delta a first-order FedAvg client would upload",
         }
         record["uploads"] = [{"round": r["round"], "clients": r["clients"], "upload_bytes": r["upload_bytes"],
-                              "broadcast_bytes": r["broadcast_bytes"]} for r in self.rounds]
+                              "broadcast_bytes": r["broadcast_bytes"], **({"lost": r["lost"]} if "lost" in r else {})}
+                             for r in self.rounds]
+        if fed.drop:
+            lost = [len(r["lost"]) for r in self.rounds]
+            record["federation"]["lost_uploads"] = {
+                "drop": fed.drop, "lost": sum(lost), "of": len(lost) * fed.per_round,
+                "rounds_with_none_arrived": sum(n == fed.per_round for n in lost),
+                "how": "a chosen client trains and its upload is lost with chance drop (drawn from run seed, round "
+                       "and slot); the round is closed on the uploads that arrived, replayed at lr/(their number)"}
         if self.device_clients:
             checks = [d for r in self.rounds for d in r.get("device", [])]
             record["federation"]["device_clients"] = {
