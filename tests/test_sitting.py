@@ -34,7 +34,7 @@ def test_the_stages_in_priority_order(tmp_path):
     check, *stages = sitting.sitting_stages(tmp_path)
     assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
     assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "grids-fp16", "paired-fp32-fp16",
-                                        "table1-paper-packed"]
+                                        "fig1-paper", "table1-paper-packed"]
     bench = stages[0].commands[0]
     assert bench[:3] == ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max")
     assert "--device" in bench and "cuda" in bench and "sst2" in bench and "rte" in stages[1].commands[0]
@@ -44,14 +44,15 @@ def test_the_stages_in_priority_order(tmp_path):
     paired = stages[3].commands
     assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
     assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
-    assert "--pack" in stages[4].commands[0] and "paper" in stages[4].commands[0]
+    assert stages[4].commands[0][:4] == ("reproduce", "fig1", "--profile", "paper") and stages[4].resumable
+    assert "--pack" in stages[5].commands[0] and "paper" in stages[5].commands[0]
     # with bitsandbytes on the machine: chapter 10's Jetson path, an NF4 base in fp16, q 4 and 16
     quantized = {s.name: s for s in sitting.sitting_stages(tmp_path, quantized=True, jetson_steps=90)}
     jetson = quantized["jetson-nf4"].commands
     assert [c[c.index("--q") + 1] for c in jetson] == ["4", "16"]
     assert all(("--quant", "nf4") == c[c.index("--quant"):c.index("--quant") + 2] and "fp16" in c
                and c[c.index("--steps") + 1] == "90" and c[c.index("--eval-every") + 1] == "30" for c in jetson)
-    assert list(quantized).index("jetson-nf4") == list(quantized).index("table1-paper-packed") - 1
+    assert list(quantized).index("jetson-nf4") == list(quantized).index("fig1-paper") - 1
 
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
@@ -61,7 +62,7 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     assert lines[2].startswith("2. engine-bench-sst2") and "about 5.5 min; runs" in lines[2]
     assert any("4. grids-fp16" in line and "runs for up to 2 min, then resumes next time" in line for line in lines)
     assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 629 min in all; time limit 14 min"
+    assert lines[-1] == "still to run: about 637 min in all; time limit 14 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):

@@ -59,8 +59,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
     RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
     rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. (with ``quantized``) the Jetson
-    path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps`` steps, 5. Table 1's paper-profile cells
-    in packs. Result files go under ``out``."""
+    path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps`` steps, 5. MeBP's Fig. 1 (WikiText-2
+    curves) at the paper profile, 6. Table 1's paper-profile cells in packs. Result files go under ``out``."""
     out = Path(out)
     results = str(out / "results")
     common = ["--device", device] + (["--model", model] if model else [])
@@ -93,6 +93,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                   summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
+            Stage("fig1-paper", "MeBP Fig. 1 at the paper profile: MeBP 500, MeZO and P-RGE 5000 WikiText-2 steps",
+                  8.0, (("reproduce", "fig1", "--profile", "paper", "--results-dir", results, *common),),
+                  resumable=True),
             Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
 
 
