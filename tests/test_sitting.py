@@ -44,7 +44,7 @@ def test_the_stages_in_priority_order(tmp_path):
     paired = stages[3].commands
     assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
     assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
-    assert stages[4].commands[0][:4] == ("reproduce", "fig1", "--profile", "paper") and stages[4].resumable
+    assert stages[4].commands[0][:4] == ("reproduce", "fig1", "--profile", "paper") and not stages[4].resumable
     assert "--pack" in stages[5].commands[0] and "paper" in stages[5].commands[0]
     # with bitsandbytes on the machine: chapter 10's Jetson path, an NF4 base in fp16, q 4 and 16
     quantized = {s.name: s for s in sitting.sitting_stages(tmp_path, quantized=True, jetson_steps=90)}
@@ -62,7 +62,7 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     assert lines[2].startswith("2. engine-bench-sst2") and "about 5.5 min; runs" in lines[2]
     assert any("4. grids-fp16" in line and "runs for up to 2 min, then resumes next time" in line for line in lines)
     assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 637 min in all; time limit 14 min"
+    assert lines[-1] == "still to run: about 657 min in all; time limit 14 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
