@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prge_lib.models.buckets import bucket_length
-from prge_lib.models.objective import Batch, fit_width, row_losses
+from prge_lib.models.objective import IGNORE, Batch, fit_width, row_losses
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.fused import adapter_span, fused_update, host_record
 from prge_lib.zo.graphs import WARMUP_RUNS
@@ -252,13 +252,7 @@ class Pack:
         if self.buckets:
             width = bucket_length(width, self.buckets)
         target_width = max(work[r][0].targets.shape[1] for r in order)
-        parts, rows = [], []
-        for r in order:
-            copies = 2 * self.runs[r].q
-            parts.append(fit_width(work[r][0], width, self.pad_id, target_width).repeat(copies))
-            rows.append((r, parts[-1].rows))
-        batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in ("input_ids", "attention_mask",
-                                                                              "targets")))
+        batch, rows = self._assemble(order, work, width, target_width)
         if self.fused:
             return self._fused_step(order, seeds, batch, rows)
         with contextlib.ExitStack() as stack:
@@ -278,6 +272,36 @@ class Pack:
                 start += n
                 records[r] = step_record(estimate_and_update(run.layers, seeds[r], losses, run.eps, run.lr))
         return records
+
+    def _assemble(self, order: list[int], work: dict[int, tuple[Batch, int]], width: int,
+                  target_width: int) -> tuple[Batch, list[tuple[int, int]]]:
+        """The pack's batch: each run's rows left-padded to ``width`` (targets to ``target_width``) and repeated
+        for its 2q copies, in ``order``; returns it on the model's device, with each run's row count. Runs of one
+        q and one row count are written into one padded tensor and their copies made by one expand (a few
+        operations, not a few per run); batches given on the host are assembled there and copied over once."""
+        device = next(self.model.parameters()).device
+        counts = {(work[r][0].rows, self.runs[r].q) for r in order}
+        if len(counts) != 1:
+            parts, rows = [], []
+            for r in order:
+                parts.append(fit_width(work[r][0], width, self.pad_id, target_width).repeat(2 * self.runs[r].q))
+                rows.append((r, parts[-1].rows))
+            batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in ("input_ids", "attention_mask",
+                                                                                  "targets")))
+            return batch.to(device), rows
+        (b, q), = counts
+        first = work[order[0]][0]
+        ids = torch.full((len(order), b, width), self.pad_id, dtype=first.input_ids.dtype, device=first.input_ids.device)
+        mask = torch.zeros((len(order), b, width), dtype=first.attention_mask.dtype, device=ids.device)
+        targets = torch.full((len(order), b, target_width), IGNORE, dtype=first.targets.dtype, device=ids.device)
+        for k, r in enumerate(order):                 # right-aligned: the same left padding as fit_width
+            one = work[r][0]
+            length, answer = one.input_ids.shape[1], one.targets.shape[1]
+            ids[k, :, width - length:] = one.input_ids
+            mask[k, :, width - length:] = one.attention_mask
+            targets[k, :, target_width - answer:] = one.targets
+        copies = [t.unsqueeze(1).expand(-1, 2 * q, -1, -1).reshape(-1, t.shape[-1]) for t in (ids, mask, targets)]
+        return Batch(*copies).to(device), [(r, 2 * q * b) for r in order]
 
     def plan(self, order: Sequence[int]) -> "_Plan":
         """The device tensors a fused step of the runs ``order`` reads (made once per set of working runs)."""

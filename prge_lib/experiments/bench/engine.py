@@ -154,7 +154,8 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
         timed = _Timed(one)
     else:
         def packed(t: int) -> list[Batch]:
-            batches = [source(rows, t * runs + r) for r in range(runs)]     # each run its own batch
+            # each run its own batch, made on the host: the pack assembles them there and copies the result once
+            batches = [source(rows, t * runs + r, device="cpu") for r in range(runs)]
             pack.step({r: (b, t) for r, b in enumerate(batches)})
             return batches
         timed = _Timed(packed)

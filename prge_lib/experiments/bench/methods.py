@@ -61,16 +61,19 @@ class BatchSource:
             data = sample_task(spec, seed)
             self.items = [encode_example(spec, tokenizer, ex, seq_len) for ex in data.train]
             self.pad_id = tokenizer.pad_token_id
-        self._fixed: dict[int, object] = {}
+        self._fixed: dict[tuple[int, str], object] = {}
 
-    def __call__(self, rows: int, t: int):
+    def __call__(self, rows: int, t: int, device=None):
+        """The batch of step ``t`` on ``device`` (default: the source's; a pack takes its runs' batches on the host
+        and copies the assembled batch over once)."""
+        device = self.device if device is None else device
         if self.items is None:
-            if rows not in self._fixed:
-                self._fixed[rows] = synthetic_batch(rows, self.seq_len, self.vocab_size).to(self.device)
-            return self._fixed[rows]
+            if (rows, str(device)) not in self._fixed:
+                self._fixed[rows, str(device)] = synthetic_batch(rows, self.seq_len, self.vocab_size).to(device)
+            return self._fixed[rows, str(device)]
 
         picks = random.Random(self.seed * 1_000_003 + t).sample(range(len(self.items)), rows)
-        return collate([self.items[i] for i in picks], self.pad_id).to(self.device)
+        return collate([self.items[i] for i in picks], self.pad_id).to(device)
 
 
 def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: float, lr: float):
