@@ -82,7 +82,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                     "--quant", "nf4", "--dtype", "fp16",
                     "--out", str(out / "jetson" / f"sst2_nf4_fp16_q{q}.json"), *common) for q in (4, 16))
     check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
-    return [Stage("gpu-check", "the engine's checks on the device (uniforms and z against the CPU, no host sync, graphs, pack graphs, fp16 base)", 1.0,
+    return [Stage("gpu-check", "the engine's checks on the device (uniforms and z against the CPU, no host sync, "
+                  "graphs, pack graphs, fp16 base)", 1.0,
                   (check,)),
             *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 5.5,
                     (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
