@@ -26,6 +26,25 @@ from prge_lib.zo.prge import step_seeds
 WARMUP_RUNS = 3       # runs before a capture (lazy initialisation, kernel selection) on a side stream
 
 
+@torch.no_grad()
+def capture_graph(compute, state: Sequence[torch.Tensor]):
+    """Record ``compute()`` as a CUDA graph: warm-up runs on a side stream, then one recorded run; the tensors of
+    ``state`` (the B's the step updates) are restored after them. Returns the graph and the recorded outputs."""
+    saved = [tensor.detach().clone() for tensor in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            compute()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compute()
+    for tensor, value in zip(state, saved):
+        tensor.copy_(value)
+    return graph, out
+
+
 class BufferedStep:
     """The fused step of one batch shape (rows, length, target width), reading fixed buffers."""
 
@@ -52,19 +71,7 @@ class BufferedStep:
 
     def capture(self) -> None:
         """Record the step as a CUDA graph (the B's are left as they were before)."""
-        saved = [layer.lora_B.detach().clone() for layer in self.method.layers]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                self.compute()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.compute()
-        with torch.no_grad():
-            for layer, b in zip(self.method.layers, saved):
-                layer.lora_B.copy_(b)
+        self.graph, self.out = capture_graph(self.compute, [layer.lora_B for layer in self.method.layers])
 
     def run(self) -> dict:
         if self.graph is None:

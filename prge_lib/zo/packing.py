@@ -45,7 +45,7 @@ from prge_lib.models.buckets import bucket_length
 from prge_lib.models.objective import IGNORE, Batch, fit_width, row_losses
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.fused import adapter_span, fused_update, host_record
-from prge_lib.zo.graphs import WARMUP_RUNS
+from prge_lib.zo.graphs import capture_graph
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, inject_lorafa, keeping_noise, perturbed
 from prge_lib.zo.prge import estimate_and_update, keeps_noise, step_record
 from prge_lib.zo.prng import counter_normal_seeds
@@ -442,18 +442,7 @@ class _BufferedPackStep:
         return self.out
 
     def capture(self) -> None:
-        flat = self.pack.flat
-        saved = flat.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                self.compute()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.compute()
-        flat.copy_(saved)
+        self.graph, self.out = capture_graph(self.compute, [self.pack.flat])
 
 
 @dataclass
