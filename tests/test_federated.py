@@ -256,6 +256,23 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert clients["test"]["a"] == "C 10" and clients["test"]["verdict"] == "difference"     # −15, −16, −13 points
     assert abs(clients["test"]["difference"] + 14.67) < 0.01
     assert "| 10 | 1 | 56.3 ± 1.5 (3) |" in (tmp_path / "summary.md").read_text()
+    # accuracy against lost uploads: p 0 is the clients/ run of the drop runs' C, tested paired against each p
+    assert write_summary(tmp_path)["drop"] == {"rows": {}, "tests": []}
+    (tmp_path / "drop").mkdir()
+    for p, values in ((0.5, (0.69, 0.70, 0.71)), (0.8, (0.60, 0.62, 0.61))):
+        for seed, final in enumerate(values):
+            record = json.loads((tmp_path / "clients" / f"iid_C1_seed{seed}.json").read_text())
+            record["final"] = {"test": final}
+            record["federation"]["lost_uploads"] = {"drop": p, "lost": int(10 * p), "of": 10,
+                                                    "rounds_with_none_arrived": int(10 * p)}
+            (tmp_path / "drop" / f"iid_C1_drop{int(100 * p)}_seed{seed}.json").write_text(json.dumps(record))
+    drop = write_summary(tmp_path)["drop"]
+    assert list(drop["rows"]) == ["0", "0.5", "0.8"] and drop["rows"]["0"]["seeds"] == [0, 1, 2]
+    assert drop["rows"]["0"]["lost_share"]["mean"] == 0 and abs(drop["rows"]["0.8"]["lost_share"]["mean"] - 0.8) < 1e-12
+    tests = {t["a"]: t for t in drop["tests"]}
+    assert tests["p 0.5"]["verdict"] == "no difference detected"                           # −1, −2, 0 points
+    assert tests["p 0.8"]["verdict"] == "difference" and abs(tests["p 0.8"]["difference"] + 10) < 1e-9
+    assert "| 0.8 | 80 % | 8.0 | 61.0 ± 1.0 (3) |" in (tmp_path / "summary.md").read_text()
 
 
 # ----- an ExecuTorch client in the rounds

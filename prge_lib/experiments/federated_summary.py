@@ -1,7 +1,9 @@
 """The summary of the federated SST-2 runs (chapter 11; ``tools/run_federated``): per configuration (centralised,
 federated iid, federated label-skew) the test accuracy over seeds (mean ± sd), and paired t tests over seeds of
 federated − centralised and label-skew − iid (:func:`prge_lib.experiments.stats.paired`); a p of 0.05 or more
-reads "no difference detected". Written as ``summary.json`` and ``summary.md`` beside the runs.
+reads "no difference detected". Beside them, accuracy against the clients a round (``clients/``,
+``tools/run_federated_clients``) and against the chance that an upload is lost (``drop/``,
+``tools/run_federated_drop``). Written as ``summary.json`` and ``summary.md`` beside the runs.
 
 ``python -m prge_lib.experiments.federated_summary data/results/federated``
 """
@@ -33,6 +35,17 @@ def read_runs(folder: str | Path = FOLDER) -> dict[str, dict[int, dict]]:
     return runs
 
 
+def paired_test(a_runs: dict[int, dict], b_runs: dict[int, dict], a: str, b: str) -> dict:
+    """The paired t test over the seeds both have of the test accuracy (in %) of ``a_runs`` − ``b_runs``
+    ({seed: record}), named a and b, with its verdict; with fewer than 2 such seeds, only the verdict "untested"."""
+    seeds = sorted(set(a_runs) & set(b_runs))
+    if len(seeds) < 2:
+        return {"a": a, "b": b, "seeds": seeds, "verdict": "fewer than 2 paired seeds: untested"}
+    result = paired([100 * a_runs[s]["final"]["test"] for s in seeds], [100 * b_runs[s]["final"]["test"] for s in seeds])
+    return result | {"a": a, "b": b, "seeds": seeds,
+                     "verdict": "difference" if verdict_of(result["p"]) == DIFFERENCE else "no difference detected"}
+
+
 def _spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values) if values else None,
             "sd": statistics.stdev(values) if len(values) > 1 else None, "n": len(values)}
@@ -55,19 +68,10 @@ def summarize(folder: str | Path = FOLDER) -> dict:
             rows[config]["communication"] = {k: comm[k] for k in ("upload_bytes_per_client_round",
                                                                   "download_bytes_per_client_round",
                                                                   "first_order_fedavg_upload_bytes_per_client_round")}
-    tests = []
-    for a, b in COMPARISONS:
-        seeds = sorted(set(runs[a]) & set(runs[b]))
-        if len(seeds) < 2:
-            tests.append({"a": a, "b": b, "seeds": seeds, "verdict": "fewer than 2 paired seeds: untested"})
-            continue
-        result = paired([100 * runs[a][s]["final"]["test"] for s in seeds],
-                        [100 * runs[b][s]["final"]["test"] for s in seeds])
-        result.update(a=a, b=b, seeds=seeds, verdict="difference" if verdict_of(result["p"]) == DIFFERENCE
-                      else "no difference detected")
-        tests.append(result)
+    tests = [paired_test(runs[a], runs[b], a, b) for a, b in COMPARISONS]
     any_run = next((r for by_seed in runs.values() for r in by_seed.values()), None)
     return {"kind": "federated-summary", "rows": rows, "tests": tests, "clients": clients_summary(folder, runs),
+            "drop": drop_summary(folder),
             "settings": None if any_run is None else {
                 k: any_run["federation"][k] for k in ("clients", "per_round", "local_steps", "rounds")} | {
                 k: any_run["config"][k] for k in ("q", "E", "eps", "lr")} | {"n_test": any_run["n_test"],
@@ -96,13 +100,44 @@ def clients_summary(folder: str | Path, runs: dict[str, dict[int, dict]]) -> dic
     test = None
     if len(by_c) >= 2:
         low, high = min(by_c), max(by_c)
-        seeds = sorted(set(by_c[low]) & set(by_c[high]))
-        if len(seeds) >= 2:
-            test = paired([100 * by_c[high][s]["final"]["test"] for s in seeds],
-                          [100 * by_c[low][s]["final"]["test"] for s in seeds])
-            test.update(a=f"C {high}", b=f"C {low}", seeds=seeds,
-                        verdict="difference" if verdict_of(test["p"]) == DIFFERENCE else "no difference detected")
+        test = paired_test(by_c[high], by_c[low], f"C {high}", f"C {low}")
+        test = test if "p" in test else None
     return {"rows": rows, "test": test}
+
+
+def drop_summary(folder: str | Path) -> dict:
+    """Accuracy against the chance p that an upload is lost (``tools/run_federated_drop``): per p, over seeds,
+    the test accuracy, its gain over zero-shot, the last round's loss and the share of uploads lost, at the C
+    and S of the drop runs; p 0 is the run of ``clients/`` with that C (or the iid run where C is 2); and each
+    p against p 0 as a paired t test over the seeds both have."""
+    by_p: dict[float, dict[int, dict]] = {}
+    for path in sorted((Path(folder) / "drop").glob("iid_C*_drop*_seed*.json")):
+        record = json.loads(path.read_text())
+        by_p.setdefault(record["federation"]["lost_uploads"]["drop"], {})[record["seed"]] = record
+    if not by_p:
+        return {"rows": {}, "tests": []}
+    some = next(iter(next(iter(by_p.values())).values()))["federation"]
+    c, s = some["per_round"], some["local_steps"]
+    lossless = Path(folder).glob("iid_seed*.json") if c == 2 else (Path(folder) / "clients").glob(f"iid_C{c}_seed*.json")
+    for path in sorted(lossless):
+        record = json.loads(path.read_text())
+        if record["federation"]["local_steps"] == s and not record["federation"].get("lost_uploads"):
+            by_p.setdefault(0.0, {})[record["seed"]] = record
+    rows, tests = {}, []
+    for p in sorted(by_p):
+        seeds = sorted(by_p[p])
+        final = [100 * by_p[p][n]["final"]["test"] for n in seeds]
+        zero = [100 * by_p[p][n]["zero_shot"]["test"] for n in seeds]
+        lost = [by_p[p][n]["federation"].get("lost_uploads") or {"lost": 0, "of": 1, "rounds_with_none_arrived": 0}
+                for n in seeds]
+        rows[f"{p:g}"] = {"drop": p, "per_round": c, "local_steps": s, "seeds": seeds, "final": _spread(final),
+                          "gain": _spread([f - z for f, z in zip(final, zero)]),
+                          "last_round_loss": _spread([by_p[p][n]["round_losses"][-1] for n in seeds]),
+                          "lost_share": _spread([x["lost"] / x["of"] for x in lost]),
+                          "rounds_with_none_arrived": _spread([x["rounds_with_none_arrived"] for x in lost])}
+        if p:
+            tests.append(paired_test(by_p[p], by_p.get(0.0, {}), f"p {p:g}", "p 0"))
+    return {"rows": rows, "tests": tests}
 
 
 def cell_text(spread: dict, digits: int = 1) -> str:
@@ -133,6 +168,18 @@ def markdown(summary: dict) -> str:
                          f"{cell_text(row['gain'])} | {cell_text(row['last_round_loss'], 2)} |")
         if clients["test"]:
             lines += ["", test_line(clients["test"])]
+    drop = summary.get("drop") or {"rows": {}}
+    if drop["rows"]:
+        some = next(iter(drop["rows"].values()))
+        lines += ["", f"Lost uploads: each chosen client's upload lost with chance p (C {some['per_round']}, "
+                  f"S {some['local_steps']}; a round closed on the uploads that arrived):", "",
+                  "| p | uploads lost | rounds with none arrived | after training | gain (points) | last round's loss |",
+                  "|---|---|---|---|---|---|"]
+        for row in drop["rows"].values():
+            lines.append(f"| {row['drop']:g} | {100 * row['lost_share']['mean']:.0f} % | "
+                         f"{row['rounds_with_none_arrived']['mean']:.1f} | {cell_text(row['final'])} | "
+                         f"{cell_text(row['gain'])} | {cell_text(row['last_round_loss'], 2)} |")
+        lines += [""] + [test_line(t) if "p" in t else f"- {t['a']} − {t['b']}: {t['verdict']}" for t in drop["tests"]]
     return "\n".join(lines) + "\n"
 
 
