@@ -134,6 +134,52 @@ def test_a_round_closes_on_the_uploads_that_arrived(tiny_factory, tokenizer, fix
         dataclasses.replace(fed, drop=1.0).check(24, 2)
 
 
+def test_a_late_upload_is_broadcast_with_the_next_round_and_survives_a_resume(tiny_factory, tokenizer, fixture_data,
+                                                                               tiny_folder, tmp_path):
+    """With --late, an upload that is not lost comes a round late by a seeded draw: round r's broadcast holds it
+    beside round r + 1's on-time uploads (its own round number kept), its steps are applied exactly once (the last
+    round's late ones never), a late client still rebuilds the adapter from the broadcasts, a run killed while an
+    upload is pending resumes to the same adapter, and late 0 is the plain run bit for bit."""
+    fed = FederatedConfig(clients=4, per_round=3, local_steps=2, rounds=4, late=0.5)
+    s = setup(tiny_factory, tokenizer, fixture_data, tiny_folder)
+    run = FederatedRun(s, fed, progress=False)
+    result = run.run(zero_shot=0.5)
+    late = [u.get("late", []) for u in result["uploads"]]
+    info = result["federation"]["late_uploads"]
+    assert info["delayed"] == sum(map(len, late)) and 0 < info["delayed"] < info["of"] == 12
+    assert info["never_arrived"] == len(late[-1])
+    applied = []
+    for r, broadcast in enumerate(run.broadcasts):
+        round_, uploads = decode_broadcast(broadcast)
+        chosen = result["federation"]["clients_by_round"][r]
+        assert round_ == r and [u.client for u in uploads if u.round == r] == [k for k in chosen if k not in late[r]]
+        assert [u.client for u in uploads if u.round != r] == (late[r - 1] if r else [])
+        assert all(u.round == r - 1 for u in uploads if u.round != r)
+        applied += [t for u in uploads for t, _ in u.steps]
+    slots = [{k: slot for slot, k in enumerate(c)} for c in result["federation"]["clients_by_round"]]
+    expected = [seed_index(fed, r, slots[r][k], j) for r in range(4) for k in slots[r] if r == 3 and k in late[3]
+                for j in range(2)]
+    assert len(applied) == len(set(applied)) == 4 * 3 * 2 - len(expected) and not set(expected) & set(applied)
+    client = build_method(s.config, tiny_factory())
+    for broadcast in run.broadcasts:
+        apply_broadcast(client, broadcast)
+    assert adapter_digest(client.trainable()) == result["adapter_sha256"]
+    pending_at = next(r for r in range(3) if late[r])               # a round after which an upload is pending
+    cut = FederatedRun(s, fed, checkpoint_dir=tmp_path, progress=False)
+    cut.plan = cut.plan[:pending_at + 1]
+    with pytest.raises(IndexError):
+        cut.run(zero_shot=0.5)
+    assert cut.pending
+    resumed = FederatedRun(s, fed, checkpoint_dir=tmp_path, progress=False).run(resume=True)
+    assert resumed["adapter_sha256"] == result["adapter_sha256"] and resumed["losses"] == result["losses"]
+    plain = FederatedRun(s, dataclasses.replace(fed, late=0.0), progress=False).run(zero_shot=0.5)
+    assert "late_uploads" not in plain["federation"] and plain["adapter_sha256"] != result["adapter_sha256"]
+    assert plain["adapter_sha256"] == FederatedRun(s, FederatedConfig(clients=4, per_round=3, local_steps=2, rounds=4),
+                                                   progress=False).run(zero_shot=0.5)["adapter_sha256"]
+    with pytest.raises(ValueError, match="--late 1.0: the chance that an upload comes a round late"):
+        dataclasses.replace(fed, late=1.0).check(24, 2)
+
+
 def test_one_client_one_step_a_round_is_centralised_p_rge_bit_for_bit(tiny_factory, tokenizer, fixture_data,
                                                                         tiny_folder):
     fed = FederatedConfig(clients=3, per_round=1, local_steps=1, rounds=4)
@@ -214,6 +260,7 @@ def test_the_command_takes_device_clients(fixture_data, tiny_folder, tiny_progra
     ({"clients": 13}, "--clients 13: shards of 1 of the 24 training examples cannot fill a batch of 2"),
     ({"rounds": 0}, "--rounds 0: must be at least 1"),
     ({"drop": 1.5}, "--drop 1.5: the chance that an upload is lost, at least 0 and below 1"),
+    ({"late": -0.1}, "--late -0.1: the chance that an upload comes a round late, at least 0 and below 1"),
 ])
 def test_bad_input_is_refused_in_one_line(changes, message, fixture_data, tiny_folder, tmp_path, monkeypatch,
                                           capsys):
@@ -256,23 +303,30 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert clients["test"]["a"] == "C 10" and clients["test"]["verdict"] == "difference"     # −15, −16, −13 points
     assert abs(clients["test"]["difference"] + 14.67) < 0.01
     assert "| 10 | 1 | 56.3 ± 1.5 (3) |" in (tmp_path / "summary.md").read_text()
-    # accuracy against lost uploads: p 0 is the clients/ run of the drop runs' C, tested paired against each p
-    assert write_summary(tmp_path)["drop"] == {"rows": {}, "tests": []}
-    (tmp_path / "drop").mkdir()
-    for p, values in ((0.5, (0.69, 0.70, 0.71)), (0.8, (0.60, 0.62, 0.61))):
+    # lost and late uploads: "none" is the clients/ run of their C, tested paired against each condition
+    assert write_summary(tmp_path)["uploads"] == {"rows": {}, "tests": []}
+    (tmp_path / "uploads").mkdir()
+    for name, info, values in (("drop50", {"lost_uploads": {"drop": 0.5, "lost": 5, "of": 10, "rounds_with_none_arrived": 5}},
+                                (0.69, 0.70, 0.71)),
+                               ("drop80", {"lost_uploads": {"drop": 0.8, "lost": 8, "of": 10, "rounds_with_none_arrived": 8}},
+                                (0.60, 0.62, 0.61)),
+                               ("late50", {"late_uploads": {"late": 0.5, "delayed": 4, "of": 10, "never_arrived": 1}},
+                                (0.71, 0.71, 0.72))):
         for seed, final in enumerate(values):
             record = json.loads((tmp_path / "clients" / f"iid_C1_seed{seed}.json").read_text())
             record["final"] = {"test": final}
-            record["federation"]["lost_uploads"] = {"drop": p, "lost": int(10 * p), "of": 10,
-                                                    "rounds_with_none_arrived": int(10 * p)}
-            (tmp_path / "drop" / f"iid_C1_drop{int(100 * p)}_seed{seed}.json").write_text(json.dumps(record))
-    drop = write_summary(tmp_path)["drop"]
-    assert list(drop["rows"]) == ["0", "0.5", "0.8"] and drop["rows"]["0"]["seeds"] == [0, 1, 2]
-    assert drop["rows"]["0"]["lost_share"]["mean"] == 0 and abs(drop["rows"]["0.8"]["lost_share"]["mean"] - 0.8) < 1e-12
-    tests = {t["a"]: t for t in drop["tests"]}
-    assert tests["p 0.5"]["verdict"] == "no difference detected"                           # −1, −2, 0 points
-    assert tests["p 0.8"]["verdict"] == "difference" and abs(tests["p 0.8"]["difference"] + 10) < 1e-9
-    assert "| 0.8 | 80 % | 8.0 | 61.0 ± 1.0 (3) |" in (tmp_path / "summary.md").read_text()
+            record["federation"].update(info)
+            (tmp_path / "uploads" / f"iid_C1_{name}_seed{seed}.json").write_text(json.dumps(record))
+    uploads = write_summary(tmp_path)["uploads"]
+    assert list(uploads["rows"]) == ["none", "drop 0.5", "drop 0.8", "late 0.5"]
+    assert uploads["rows"]["none"]["seeds"] == [0, 1, 2] and uploads["rows"]["none"]["lost_share"]["mean"] == 0
+    assert abs(uploads["rows"]["drop 0.8"]["lost_share"]["mean"] - 0.8) < 1e-12
+    assert abs(uploads["rows"]["late 0.5"]["late_share"]["mean"] - 0.4) < 1e-12
+    tests = {t["a"]: t for t in uploads["tests"]}
+    assert tests["drop 0.5"]["verdict"] == "no difference detected"                        # −1, −2, 0 points
+    assert tests["drop 0.8"]["verdict"] == "difference" and abs(tests["drop 0.8"]["difference"] + 10) < 1e-9
+    assert abs(tests["late 0.5"]["difference"] - 1 / 3) < 1e-9                             # +1, −1, +1 points
+    assert "| drop 0.8 | 80 % | 0 % | 8.0 | 61.0 ± 1.0 (3) |" in (tmp_path / "summary.md").read_text()
 
 
 # ----- an ExecuTorch client in the rounds

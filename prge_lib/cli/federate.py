@@ -29,7 +29,7 @@ def run_federate(args) -> int:
                          # a device client draws its program's counter noise; the eager clients replay with it
                          **({"noise": "counter"} if device_clients else {}))
     fed = FederatedConfig(args.clients, args.per_round, args.local_steps, args.rounds, args.split, args.skew,
-                          args.drop)
+                          args.drop, args.late)
     resolved = config.resolved()                 # refuse bad settings before loading anything
     fed.check(resolved.n_train, resolved.batch_size)
     config.steps = fed.steps
@@ -102,6 +102,10 @@ def federate_options(p) -> None:
     p.add_argument("--drop", type=float, default=0.0,
                    help="the chance that a chosen client's upload is lost (drawn from the run seed, round and slot); "
                         "a round is closed on the uploads that arrived, replayed at lr over their number (default 0)")
+    p.add_argument("--late", type=float, default=0.0,
+                   help="the chance that an upload that is not lost comes one round late, a straggler's (drawn from "
+                        "the run seed, round and slot): it is broadcast with the next round's uploads and replayed "
+                        "on the newer adapter; the last round's late uploads never arrive (default 0)")
     p.add_argument("--baseline", default=None,
                    help="also write the centralised P-RGE run over the same batches, in the same order, to this file")
     p.add_argument("--zero-shot-from", default=None,

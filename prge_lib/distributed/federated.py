@@ -53,13 +53,14 @@ from prge_lib.zo.rge import mix_seed
 
 MODES = ("federated", "centralised")
 CHECKPOINT_NAME = "federated.pt"
-_CHOICE_TAG, _ORDER_TAG, _DROP_TAG = 0xFED, 0xC11E, 0xD209    # a round's clients; a client's data order; losses
+_CHOICE_TAG, _ORDER_TAG, _DROP_TAG, _LATE_TAG = 0xFED, 0xC11E, 0xD209, 0x1A7E   # clients; data order; losses; delays
 
 
 @dataclass(frozen=True)
 class FederatedConfig:
-    """The federation's settings (K clients, C a round, S local steps, R rounds, the split and its skew p, and the
-    chance ``drop`` that a chosen client's upload never arrives)."""
+    """The federation's settings (K clients, C a round, S local steps, R rounds, the split and its skew p, the
+    chance ``drop`` that a chosen client's upload never arrives, and the chance ``late`` that an upload that does
+    arrive comes one round late, a straggler's)."""
     clients: int = 10
     per_round: int = 2
     local_steps: int = 5
@@ -67,6 +68,7 @@ class FederatedConfig:
     split: str = "iid"
     skew: float | None = None
     drop: float = 0.0
+    late: float = 0.0
 
     def check(self, n_train: int, batch_size: int) -> None:
         """Refuse settings that cannot run, naming the value and what is allowed."""
@@ -77,6 +79,9 @@ class FederatedConfig:
             raise ValueError(f"--per-round {self.per_round}: at most --clients ({self.clients}) clients a round")
         if not 0 <= self.drop < 1:
             raise ValueError(f"--drop {self.drop}: the chance that an upload is lost, at least 0 and below 1")
+        if not 0 <= self.late < 1:
+            raise ValueError(f"--late {self.late}: the chance that an upload comes a round late, at least 0 and "
+                             "below 1")
         check_split(self.split, self.clients, n_train, self.skew)
         smallest = min(shard_sizes(n_train, self.clients))
         if smallest < batch_size:
@@ -97,6 +102,13 @@ def upload_lost(seed: int, r: int, slot: int, drop: float) -> bool:
     """Whether the upload of slot ``slot`` of round ``r`` is lost: a draw from (run seed, r, slot) below ``drop``
     (the client trained, and its message never reached the server)."""
     return drop > 0 and random.Random(mix_seed(seed, _DROP_TAG, r, slot)).random() < drop
+
+
+def upload_late(seed: int, r: int, slot: int, late: float) -> bool:
+    """Whether the upload of slot ``slot`` of round ``r`` reaches the server one round late: a draw from (run
+    seed, r, slot), apart from the draw of :func:`upload_lost`, below ``late`` (a straggler: the server closes
+    round r without it and broadcasts it with round r + 1's uploads)."""
+    return late > 0 and random.Random(mix_seed(seed, _LATE_TAG, r, slot)).random() < late
 
 
 def seed_index(fed: FederatedConfig, r: int, slot: int, s: int) -> int:
@@ -130,8 +142,9 @@ def plan(seed: int, fed: FederatedConfig, shards: list[list[int]], batch_size: i
 
 def apply_broadcast(method: PRGE, broadcast: bytes) -> list[Upload]:
     """What the server and every client do with a round's broadcast: replay each upload's steps, in order, at
-    η/n for the n uploads it holds (FedAvg of the deltas that arrived: n = C when none was lost; a round whose
-    uploads were all lost leaves the adapter as it was); returns the uploads."""
+    η/n for the n uploads it holds (FedAvg of the deltas that arrived: n = C when none was lost or late, and a
+    late upload of the round before counts as one of them; a round whose uploads were all lost leaves the adapter
+    as it was); returns the uploads."""
     _, uploads = decode_broadcast(broadcast)
     if uploads:
         replay_steps(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / len(uploads))
@@ -187,7 +200,8 @@ class FederatedRun:
 
     def identity(self) -> dict:
         """What a checkpoint must agree on to be resumed."""
-        fed = {k: v for k, v in dataclasses.asdict(self.fed).items() if k != "drop" or v}   # older checkpoints: none
+        fed = {k: v for k, v in dataclasses.asdict(self.fed).items()
+               if k not in ("drop", "late") or v}                    # older checkpoints have neither
         return {**self.setup.config.identity(), **fed, "mode": self.mode,
                 "n_test": len(self.test),
                 **({"device_clients": list(self.device_clients)} if self.device_clients else {})}
@@ -198,6 +212,7 @@ class FederatedRun:
             for b in self.method.trainable().values():
                 b.zero_()
         self.round, self.broadcasts, self.rounds, self.zero_shot, self.resumed = 0, [], [], None, []
+        self.pending: list[bytes] = []        # late uploads of the last round, broadcast with the next round's
         self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
 
     def save(self) -> None:
@@ -206,6 +221,7 @@ class FederatedRun:
         payload = {"identity": self.identity(), "round": self.round, "rounds": self.rounds,
                    "adapter": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()},
                    "broadcasts": [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.broadcasts],
+                   "pending": [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self.pending],
                    "zero_shot": self.zero_shot, "elapsed": self.elapsed, "resumed": self.resumed}
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(self.checkpoint) as tmp:
@@ -224,6 +240,7 @@ class FederatedRun:
                 tensor.copy_(payload["adapter"][name])
         self.round, self.rounds, self.zero_shot = payload["round"], payload["rounds"], payload["zero_shot"]
         self.broadcasts = [bytes(t.numpy().tobytes()) for t in payload["broadcasts"]]
+        self.pending = [bytes(t.numpy().tobytes()) for t in payload.get("pending", [])]
         self.elapsed, self.resumed = payload["elapsed"], payload["resumed"] + [self.round]
 
     def evaluate(self) -> float:
@@ -261,7 +278,8 @@ class FederatedRun:
             return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses),
                     "losses": losses, "step_s": seconds, "steps": [[t, list(g)] for t, g in steps]}
         start_b = {k: v.detach().clone() for k, v in self.method.trainable().items()}
-        device, lost = [], []
+        device, lost, late = [], [], []
+        uploads, self.pending = list(self.pending), []       # last round's stragglers arrive first
         for slot, (k, client_steps) in enumerate(work):
             self._load(start_b)                        # every client starts from the global adapter
             if k in self.device_clients:
@@ -273,6 +291,9 @@ class FederatedRun:
             losses, seconds = losses + l, seconds + s
             if upload_lost(self.setup.config.seed, r, slot, self.fed.drop):
                 lost.append(k)                         # trained, but the server never hears of it
+            elif upload_late(self.setup.config.seed, r, slot, self.fed.late):
+                late.append(k)                         # arrives after the round closed: sent with the next one
+                self.pending.append(Upload(k, r, tuple(pairs)).to_bytes())
             else:
                 uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
         with torch.no_grad():
@@ -283,7 +304,8 @@ class FederatedRun:
         self.broadcasts.append(broadcast)
         return {"round": r, "clients": [k for k, _ in work], "loss": statistics.fmean(losses), "losses": losses,
                 "step_s": seconds, "upload_bytes": [len(u) for u in uploads], "broadcast_bytes": len(broadcast),
-                **({"device": device} if device else {}), **({"lost": lost} if self.fed.drop else {})}
+                **({"device": device} if device else {}), **({"lost": lost} if self.fed.drop else {}),
+                **({"late": late} if self.fed.late else {})}
 
     def _load(self, adapter: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -355,8 +377,8 @@ class FederatedRun:
                        "adapter's float32 bytes, the delta a first-order FedAvg client would upload",
         }
         record["uploads"] = [{"round": r["round"], "clients": r["clients"], "upload_bytes": r["upload_bytes"],
-                              "broadcast_bytes": r["broadcast_bytes"], **({"lost": r["lost"]} if "lost" in r else {})}
-                             for r in self.rounds]
+                              "broadcast_bytes": r["broadcast_bytes"],
+                              **{k: r[k] for k in ("lost", "late") if k in r}} for r in self.rounds]
         if fed.drop:
             lost = [len(r["lost"]) for r in self.rounds]
             record["federation"]["lost_uploads"] = {
@@ -364,6 +386,15 @@ class FederatedRun:
                 "rounds_with_none_arrived": sum(n == fed.per_round for n in lost),
                 "how": "a chosen client trains and its upload is lost with chance drop (drawn from run seed, round "
                        "and slot); the round is closed on the uploads that arrived, replayed at lr/(their number)"}
+        if fed.late:
+            late = [len(r["late"]) for r in self.rounds]
+            record["federation"]["late_uploads"] = {
+                "late": fed.late, "delayed": sum(late), "of": len(late) * fed.per_round,
+                "never_arrived": len(self.pending),
+                "how": "an upload that is not lost comes one round late with chance late (drawn from run seed, round "
+                       "and slot apart from the loss): the server closes the round without it and broadcasts it "
+                       "with the next round's uploads, replayed on the newer adapter at lr/(that broadcast's number "
+                       "of uploads); the last round's late uploads never arrive"}
         if self.device_clients:
             checks = [d for r in self.rounds for d in r.get("device", [])]
             record["federation"]["device_clients"] = {

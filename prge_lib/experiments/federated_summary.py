@@ -2,8 +2,8 @@
 federated iid, federated label-skew) the test accuracy over seeds (mean ± sd), and paired t tests over seeds of
 federated − centralised and label-skew − iid (:func:`prge_lib.experiments.stats.paired`); a p of 0.05 or more
 reads "no difference detected". Beside them, accuracy against the clients a round (``clients/``,
-``tools/run_federated_clients``) and against the chance that an upload is lost (``drop/``,
-``tools/run_federated_drop``). Written as ``summary.json`` and ``summary.md`` beside the runs.
+``tools/run_federated_clients``) and when uploads are lost or late (``uploads/``,
+``tools/run_federated_uploads``). Written as ``summary.json`` and ``summary.md`` beside the runs.
 
 ``python -m prge_lib.experiments.federated_summary data/results/federated``
 """
@@ -71,7 +71,7 @@ def summarize(folder: str | Path = FOLDER) -> dict:
     tests = [paired_test(runs[a], runs[b], a, b) for a, b in COMPARISONS]
     any_run = next((r for by_seed in runs.values() for r in by_seed.values()), None)
     return {"kind": "federated-summary", "rows": rows, "tests": tests, "clients": clients_summary(folder, runs),
-            "drop": drop_summary(folder),
+            "uploads": uploads_summary(folder),
             "settings": None if any_run is None else {
                 k: any_run["federation"][k] for k in ("clients", "per_round", "local_steps", "rounds")} | {
                 k: any_run["config"][k] for k in ("q", "E", "eps", "lr")} | {"n_test": any_run["n_test"],
@@ -105,39 +105,50 @@ def clients_summary(folder: str | Path, runs: dict[str, dict[int, dict]]) -> dic
     return {"rows": rows, "test": test}
 
 
-def drop_summary(folder: str | Path) -> dict:
-    """Accuracy against the chance p that an upload is lost (``tools/run_federated_drop``): per p, over seeds,
-    the test accuracy, its gain over zero-shot, the last round's loss and the share of uploads lost, at the C
-    and S of the drop runs; p 0 is the run of ``clients/`` with that C (or the iid run where C is 2); and each
-    p against p 0 as a paired t test over the seeds both have."""
-    by_p: dict[float, dict[int, dict]] = {}
-    for path in sorted((Path(folder) / "drop").glob("iid_C*_drop*_seed*.json")):
+def uploads_summary(folder: str | Path) -> dict:
+    """Accuracy when uploads are lost or late (``tools/run_federated_uploads``): per condition ("drop p": each
+    upload lost with chance p; "late p": each comes a round late with chance p), over seeds, the test accuracy, its
+    gain over zero-shot, the last round's loss, the shares of uploads lost and late, and the rounds with none
+    arrived, at the C and S of those runs; the condition "none" is the run of ``clients/`` with that C (or the iid
+    run where C is 2); and each condition against "none" as a paired t test over the seeds both have."""
+    runs: dict[str, dict[int, dict]] = {}
+    for path in sorted((Path(folder) / "uploads").glob("iid_C*_seed*.json")):
         record = json.loads(path.read_text())
-        by_p.setdefault(record["federation"]["lost_uploads"]["drop"], {})[record["seed"]] = record
-    if not by_p:
+        runs.setdefault(_condition(record["federation"]), {})[record["seed"]] = record
+    if not runs:
         return {"rows": {}, "tests": []}
-    some = next(iter(next(iter(by_p.values())).values()))["federation"]
+    some = next(iter(next(iter(runs.values())).values()))["federation"]
     c, s = some["per_round"], some["local_steps"]
-    lossless = Path(folder).glob("iid_seed*.json") if c == 2 else (Path(folder) / "clients").glob(f"iid_C{c}_seed*.json")
-    for path in sorted(lossless):
+    plain = Path(folder).glob("iid_seed*.json") if c == 2 else (Path(folder) / "clients").glob(f"iid_C{c}_seed*.json")
+    for path in sorted(plain):
         record = json.loads(path.read_text())
-        if record["federation"]["local_steps"] == s and not record["federation"].get("lost_uploads"):
-            by_p.setdefault(0.0, {})[record["seed"]] = record
+        if record["federation"]["local_steps"] == s and _condition(record["federation"]) == "none":
+            runs.setdefault("none", {})[record["seed"]] = record
     rows, tests = {}, []
-    for p in sorted(by_p):
-        seeds = sorted(by_p[p])
-        final = [100 * by_p[p][n]["final"]["test"] for n in seeds]
-        zero = [100 * by_p[p][n]["zero_shot"]["test"] for n in seeds]
-        lost = [by_p[p][n]["federation"].get("lost_uploads") or {"lost": 0, "of": 1, "rounds_with_none_arrived": 0}
-                for n in seeds]
-        rows[f"{p:g}"] = {"drop": p, "per_round": c, "local_steps": s, "seeds": seeds, "final": _spread(final),
-                          "gain": _spread([f - z for f, z in zip(final, zero)]),
-                          "last_round_loss": _spread([by_p[p][n]["round_losses"][-1] for n in seeds]),
-                          "lost_share": _spread([x["lost"] / x["of"] for x in lost]),
-                          "rounds_with_none_arrived": _spread([x["rounds_with_none_arrived"] for x in lost])}
-        if p:
-            tests.append(paired_test(by_p[p], by_p.get(0.0, {}), f"p {p:g}", "p 0"))
+    for condition in sorted(runs, key=lambda k: (k != "none", k)):
+        by_seed = runs[condition]
+        seeds = sorted(by_seed)
+        final = [100 * by_seed[n]["final"]["test"] for n in seeds]
+        zero = [100 * by_seed[n]["zero_shot"]["test"] for n in seeds]
+        lost = [by_seed[n]["federation"].get("lost_uploads") or {} for n in seeds]
+        late = [by_seed[n]["federation"].get("late_uploads") or {} for n in seeds]
+        rows[condition] = {"condition": condition, "drop": lost[0].get("drop", 0.0), "late": late[0].get("late", 0.0),
+                           "per_round": c, "local_steps": s, "seeds": seeds, "final": _spread(final),
+                           "gain": _spread([f - z for f, z in zip(final, zero)]),
+                           "last_round_loss": _spread([by_seed[n]["round_losses"][-1] for n in seeds]),
+                           "lost_share": _spread([x["lost"] / x["of"] if x else 0.0 for x in lost]),
+                           "late_share": _spread([x["delayed"] / x["of"] if x else 0.0 for x in late]),
+                           "rounds_with_none_arrived": _spread([x.get("rounds_with_none_arrived", 0) for x in lost])}
+        if condition != "none":
+            tests.append(paired_test(by_seed, runs.get("none", {}), condition, "none"))
     return {"rows": rows, "tests": tests}
+
+
+def _condition(federation: dict) -> str:
+    """A run's uploads condition: "none" (every upload on time), "drop p", "late p" or "drop p, late p"."""
+    parts = [f"drop {federation['lost_uploads']['drop']:g}"] if federation.get("lost_uploads") else []
+    parts += [f"late {federation['late_uploads']['late']:g}"] if federation.get("late_uploads") else []
+    return ", ".join(parts) or "none"
 
 
 def cell_text(spread: dict, digits: int = 1) -> str:
@@ -168,18 +179,20 @@ def markdown(summary: dict) -> str:
                          f"{cell_text(row['gain'])} | {cell_text(row['last_round_loss'], 2)} |")
         if clients["test"]:
             lines += ["", test_line(clients["test"])]
-    drop = summary.get("drop") or {"rows": {}}
-    if drop["rows"]:
-        some = next(iter(drop["rows"].values()))
-        lines += ["", f"Lost uploads: each chosen client's upload lost with chance p (C {some['per_round']}, "
-                  f"S {some['local_steps']}; a round closed on the uploads that arrived):", "",
-                  "| p | uploads lost | rounds with none arrived | after training | gain (points) | last round's loss |",
-                  "|---|---|---|---|---|---|"]
-        for row in drop["rows"].values():
-            lines.append(f"| {row['drop']:g} | {100 * row['lost_share']['mean']:.0f} % | "
-                         f"{row['rounds_with_none_arrived']['mean']:.1f} | {cell_text(row['final'])} | "
-                         f"{cell_text(row['gain'])} | {cell_text(row['last_round_loss'], 2)} |")
-        lines += [""] + [test_line(t) if "p" in t else f"- {t['a']} − {t['b']}: {t['verdict']}" for t in drop["tests"]]
+    uploads = summary.get("uploads") or {"rows": {}}
+    if uploads["rows"]:
+        some = next(iter(uploads["rows"].values()))
+        lines += ["", f"Lost and late uploads (C {some['per_round']}, S {some['local_steps']}; a round closed on the "
+                  "uploads that arrived, a late one broadcast with the next round's):", "",
+                  "| uploads | lost | late | rounds with none arrived | after training | gain (points) | "
+                  "last round's loss |", "|---|---|---|---|---|---|---|"]
+        for row in uploads["rows"].values():
+            lines.append(f"| {row['condition']} | {100 * row['lost_share']['mean']:.0f} % | "
+                         f"{100 * row['late_share']['mean']:.0f} % | {row['rounds_with_none_arrived']['mean']:.1f} | "
+                         f"{cell_text(row['final'])} | {cell_text(row['gain'])} | "
+                         f"{cell_text(row['last_round_loss'], 2)} |")
+        lines += [""] + [test_line(t) if "p" in t else f"- {t['a']} − {t['b']}: {t['verdict']}"
+                         for t in uploads["tests"]]
     return "\n".join(lines) + "\n"
 
 
