@@ -303,7 +303,7 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert clients["test"]["a"] == "C 10" and clients["test"]["verdict"] == "difference"     # −15, −16, −13 points
     assert abs(clients["test"]["difference"] + 14.67) < 0.01
     assert "| 10 | 1 | 56.3 ± 1.5 (3) |" in (tmp_path / "summary.md").read_text()
-    # lost and late uploads: "none" is the clients/ run of their C, tested paired against each condition
+    # lost and late uploads: "all on time" is the clients/ run of their C, tested paired against each condition
     assert write_summary(tmp_path)["uploads"] == {"rows": {}, "tests": []}
     (tmp_path / "uploads").mkdir()
     for name, info, values in (("drop50", {"lost_uploads": {"drop": 0.5, "lost": 5, "of": 10, "rounds_with_none_arrived": 5}},
@@ -318,8 +318,9 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
             record["federation"].update(info)
             (tmp_path / "uploads" / f"iid_C1_{name}_seed{seed}.json").write_text(json.dumps(record))
     uploads = write_summary(tmp_path)["uploads"]
-    assert list(uploads["rows"]) == ["none", "drop 0.5", "drop 0.8", "late 0.5"]
-    assert uploads["rows"]["none"]["seeds"] == [0, 1, 2] and uploads["rows"]["none"]["lost_share"]["mean"] == 0
+    assert list(uploads["rows"]) == ["all on time", "drop 0.5", "drop 0.8", "late 0.5"]
+    on_time = uploads["rows"]["all on time"]
+    assert on_time["seeds"] == [0, 1, 2] and on_time["lost_share"]["mean"] == 0 == on_time["late_share"]["mean"]
     assert abs(uploads["rows"]["drop 0.8"]["lost_share"]["mean"] - 0.8) < 1e-12
     assert abs(uploads["rows"]["late 0.5"]["late_share"]["mean"] - 0.4) < 1e-12
     tests = {t["a"]: t for t in uploads["tests"]}

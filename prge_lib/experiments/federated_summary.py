@@ -23,6 +23,7 @@ LABELS = {"centralised": "centralised P-RGE (same batches as iid)", "iid": "fede
           "label-skew": "federated, label-skew shards (p 0.9)"}
 COMPARISONS = (("iid", "centralised"), ("label-skew", "centralised"), ("label-skew", "iid"))
 FOLDER = RESULTS / "federated"      # where tools/run_federated writes the runs
+ON_TIME = "all on time"             # the uploads condition of a run that lost and delayed none
 
 
 def read_runs(folder: str | Path = FOLDER) -> dict[str, dict[int, dict]]:
@@ -109,8 +110,8 @@ def uploads_summary(folder: str | Path) -> dict:
     """Accuracy when uploads are lost or late (``tools/run_federated_uploads``): per condition ("drop p": each
     upload lost with chance p; "late p": each comes a round late with chance p), over seeds, the test accuracy, its
     gain over zero-shot, the last round's loss, the shares of uploads lost and late, and the rounds with none
-    arrived, at the C and S of those runs; the condition "none" is the run of ``clients/`` with that C (or the iid
-    run where C is 2); and each condition against "none" as a paired t test over the seeds both have."""
+    arrived, at the C and S of those runs; the condition "all on time" is the run of ``clients/`` with that C (or the
+    iid run where C is 2); and each condition against it as a paired t test over the seeds both have."""
     runs: dict[str, dict[int, dict]] = {}
     for path in sorted((Path(folder) / "uploads").glob("iid_C*_seed*.json")):
         record = json.loads(path.read_text())
@@ -122,10 +123,10 @@ def uploads_summary(folder: str | Path) -> dict:
     plain = Path(folder).glob("iid_seed*.json") if c == 2 else (Path(folder) / "clients").glob(f"iid_C{c}_seed*.json")
     for path in sorted(plain):
         record = json.loads(path.read_text())
-        if record["federation"]["local_steps"] == s and _condition(record["federation"]) == "none":
-            runs.setdefault("none", {})[record["seed"]] = record
+        if record["federation"]["local_steps"] == s and _condition(record["federation"]) == ON_TIME:
+            runs.setdefault(ON_TIME, {})[record["seed"]] = record
     rows, tests = {}, []
-    for condition in sorted(runs, key=lambda k: (k != "none", k)):
+    for condition in sorted(runs, key=lambda k: (k != ON_TIME, k)):
         by_seed = runs[condition]
         seeds = sorted(by_seed)
         final = [100 * by_seed[n]["final"]["test"] for n in seeds]
@@ -139,16 +140,16 @@ def uploads_summary(folder: str | Path) -> dict:
                            "lost_share": _spread([x["lost"] / x["of"] if x else 0.0 for x in lost]),
                            "late_share": _spread([x["delayed"] / x["of"] if x else 0.0 for x in late]),
                            "rounds_with_none_arrived": _spread([x.get("rounds_with_none_arrived", 0) for x in lost])}
-        if condition != "none":
-            tests.append(paired_test(by_seed, runs.get("none", {}), condition, "none"))
+        if condition != ON_TIME:
+            tests.append(paired_test(by_seed, runs.get(ON_TIME, {}), condition, ON_TIME))
     return {"rows": rows, "tests": tests}
 
 
 def _condition(federation: dict) -> str:
-    """A run's uploads condition: "none" (every upload on time), "drop p", "late p" or "drop p, late p"."""
+    """A run's uploads condition: "all on time", "drop p", "late p" or "drop p, late p"."""
     parts = [f"drop {federation['lost_uploads']['drop']:g}"] if federation.get("lost_uploads") else []
     parts += [f"late {federation['late_uploads']['late']:g}"] if federation.get("late_uploads") else []
-    return ", ".join(parts) or "none"
+    return ", ".join(parts) or ON_TIME
 
 
 def cell_text(spread: dict, digits: int = 1) -> str:
