@@ -163,6 +163,15 @@ def test_cli_device_train_upload_then_replay(device_round, tiny_program, fixture
     assert main(["replay", "--config", str(run), "--message", str(up), "--out", str(adapter)]) == 0
     expected = replay_upload(eager_client(replay_config(json.loads(run.read_text()))), device_round.upload)
     assert adapter_digest(read_adapter(adapter)) == adapter_digest(adapter_state(expected.model))
+    # in the runtime: the update-only program exported on first use, then reused; close to, not equal to, eager
+    program, followed = tmp_path / "replay.pte", tmp_path / "followed.safetensors"
+    for _ in range(2):
+        assert main(["replay", "--config", str(run), "--message", str(up), "--out", str(followed),
+                     "--in-runtime", str(program), "--backend", "portable"]) == 0
+    assert capsys.readouterr().err.count("exported the update-only program") == 1     # the second call reused it
+    runtime_b, eager_b = read_adapter(followed), adapter_state(expected.model)
+    gaps = [float((runtime_b[n] - eager_b[n]).abs().max()) for n in eager_b if n.endswith("lora_B")]
+    assert 0 < max(gaps) < 1e-6 and adapter_digest(runtime_b) != adapter_digest(eager_b)
 
     capsys.readouterr()
     (tmp_path / "list.json").write_text("[1, 2]")
@@ -178,3 +187,60 @@ def test_cli_device_train_upload_then_replay(device_round, tiny_program, fixture
         err = [line for line in capsys.readouterr().err.strip().splitlines()
                if line != "prge: fast mode (PRGE_FAST) is on"]          # what every command says in fast mode
         assert len(err) == 1 and re.search(said, err[0]), err
+
+
+# ----- a device that follows the run: the update-only program
+@pytest.fixture(scope="module")
+def replayer(tiny_program, tmp_path_factory):
+    """The update-only program for the tiny program's adapter (portable kernels, q = 2), loaded in the runtime."""
+    from prge_lib.deploy.client import ProgramReplayer
+    from prge_lib.deploy.export import export_replay_program, read_program_meta
+
+    settings = read_program_meta(tiny_program)["settings"]
+    path = tmp_path_factory.mktemp("replay") / "replay.pte"
+    export_replay_program(settings["adapter_size"], settings["q"], path, settings["backend"], seed=0)
+    return ProgramReplayer(path)
+
+
+def test_the_update_only_program_applies_the_step_with_the_devices_noise(replayer, device_noise):
+    """One call is B + α_1 z̃_1 + α_2 z̃_2 (each product and sum rounded once, in that order) with the device's z̃,
+    bit for bit; another α changes it; the eager z give other bits."""
+    import torch
+
+    from prge_lib.zo.prng import counter_normal
+
+    size = replayer.settings["adapter_size"]
+    adapter = torch.linspace(-1e-2, 1e-2, size)
+    seeds, alphas = torch.tensor([11, 12]), torch.tensor([3e-3, -2e-3])
+    out = replayer.program(adapter, seeds, alphas)[0]
+    device_z = [device_noise(int(s)) for s in seeds]
+    assert torch.equal(out, (adapter + alphas[0] * device_z[0]) + alphas[1] * device_z[1])
+    assert not torch.equal(out, replayer.program(adapter, seeds, torch.tensor([3e-3, -2.0001e-3]))[0])
+    eager_z = [counter_normal(int(s), 0, (size,)) for s in seeds]
+    assert not torch.equal(out, (adapter + alphas[0] * eager_z[0]) + alphas[1] * eager_z[1])
+
+
+def test_a_device_replays_an_upload_in_the_runtime_close_to_the_eager_client(device_round, replayer, tiny_folder):
+    """The device's upload replayed by the update-only program and by an eager client: the LoRA-A are the same
+    bits, the LoRA-B differ by the kernels' rounding only (relative gap below 1e-6, not zero); a program for
+    another adapter is refused, naming both."""
+    import dataclasses
+
+    import torch
+
+    from prge_lib.deploy.client import ProgramReplayer
+
+    upload = device_round.upload
+    eager = replay_upload(_client(device_round, tiny_folder), upload)
+    device = _client(device_round, tiny_folder)
+    replayer(device, upload.steps, device.lr)
+    mine, theirs = adapter_state(device.model), adapter_state(eager.model)
+    b = [name for name in mine if name.endswith("lora_B")]
+    assert all(torch.equal(mine[n], theirs[n]) for n in mine if n not in b)
+    gap = torch.cat([(mine[n] - theirs[n]).reshape(-1) for n in b]).norm()
+    assert 0 < float(gap / torch.cat([theirs[n].reshape(-1) for n in b]).norm()) < 1e-6
+    other = dataclasses.replace(replay_config(device_round.result), q=4)
+    with pytest.raises(ValueError, match=r"replays adapters of \d+ numbers with q 2; this run's has \d+ with q 4"):
+        replayer(eager_client(other), [(0, (1.0,) * 4)], 1e-3)
+    with pytest.raises(ValueError, match="is not an update-only program"):
+        ProgramReplayer(device_round.result["config"]["program"])

@@ -186,7 +186,10 @@ def run_replay(args) -> int:
         raise ValueError(f"--config {args.config} is a {config.method} run; an upload replays the methods "
                          f"{', '.join(REPLAYABLE)} (their steps are seeds and projected gradients)")
     upload = Upload.from_json(texts["--message"], f"--message {args.message}")
-    method = replay_upload(eager_client(config), upload)
+    if args.in_runtime:
+        method = replay_in_runtime(eager_client(config), upload, args.in_runtime, args.backend, args.command_line)
+    else:
+        method = replay_upload(eager_client(config), upload)
     save_adapter(method.model, args.out, {"task": config.task, "method": config.method,
                                           "replayed_steps": f"{upload.steps[0][0]}-{upload.steps[-1][0]}"})
     print(f"replayed steps {upload.steps[0][0]} to {upload.steps[-1][0]} of the {config.task} run "
@@ -195,11 +198,34 @@ def run_replay(args) -> int:
     return 0
 
 
+def replay_in_runtime(method, upload, pte, backend: str, command: str | None = None):
+    """``upload`` applied to ``method``'s adapter by the update-only program ``pte`` in the ExecuTorch runtime (what a
+    device that only follows the run does), exported first for this run's adapter and q when ``pte`` is absent."""
+    from prge_lib.deploy.client import ProgramReplayer
+    from prge_lib.deploy.export import check_program_path, export_replay_program
+    from prge_lib.distributed.upload import check_upload
+
+    check_program_path(pte)
+    check_upload(method, upload)
+    if not Path(pte).exists():
+        size = sum(layer.lora_B.numel() for layer in method.layers)
+        export_replay_program(size, method.q, pte, backend, seed=method.seed, command=command)
+        print(f"prge: exported the update-only program for an adapter of {size:,} numbers, q = {method.q} "
+              f"({backend}) -> {pte}", file=sys.stderr)
+    return ProgramReplayer(pte)(method, upload.steps, method.lr)
+
+
 def replay_options(rp) -> None:
     rp.add_argument("--config", required=True,
                     help="the run's config: a result file of `prge train` or `prge device-train`, or its config")
     rp.add_argument("--message", required=True, help="an upload written by `prge device-train --upload`")
     rp.add_argument("--out", required=True, help="the rebuilt adapter (safetensors, loadable with load_adapter)")
+    rp.add_argument("--in-runtime", default=None, metavar="REPLAY.pte",
+                    help="apply the steps in the ExecuTorch runtime with this update-only program, as a device that "
+                         "follows the run would (exported for the run's adapter and q when the file is absent); "
+                         "the adapter then differs from the eager replay by the runtime's rounding (chapter 11)")
+    rp.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"],
+                    help="--in-runtime: the kernels of a program exported here (default xnnpack)")
     rp.set_defaults(run=run_replay)
 
 

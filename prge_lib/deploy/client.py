@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from prge_lib.deploy.device_train import train_in_runtime
-from prge_lib.deploy.export import export_program, read_program_meta
+from prge_lib.deploy.export import check_program, export_program, read_program_meta
 from prge_lib.deploy.runtime import ProgramPRGE, RuntimeStep
 from prge_lib.distributed.replay import replay
 from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
@@ -54,7 +54,7 @@ from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import build_method
 from prge_lib.zo.defaults import DEFAULT_TARGETS
 from prge_lib.zo.lora import adapter_state, read_adapter
-from prge_lib.zo.prge import PRGE
+from prge_lib.zo.prge import PRGE, step_seeds
 from prge_lib.zo.prng import counter_normal
 
 UNIT_ROUNDOFF = 2.0 ** -24          # fp32
@@ -207,3 +207,33 @@ def replay_parity(device_adapter: dict[str, torch.Tensor], method: PRGE, envelop
             "envelope_ratio": ratio, "within_envelope": ratio <= 1.0,
             "envelope_constant": envelope_constant(method.q), "generator_gap": envelope.generator_gap}
 
+
+
+class ProgramReplayer:
+    """A device that follows a run in the ExecuTorch runtime: the update-only program ``pte``
+    (:func:`prge_lib.deploy.export.export_replay_program`) applies each step's update to the adapter, which the host
+    keeps flattened between calls. Called like :func:`prge_lib.distributed.replay.replay_steps`, so it stands in
+    for it in :func:`prge_lib.distributed.federated.apply_broadcast` (``replay=``)."""
+
+    def __init__(self, pte):
+        self.settings = check_program(pte)["settings"]
+        if self.settings.get("program") != "replay":
+            raise ValueError(f"{pte} is not an update-only program (export one with export_replay_program)")
+        self.path, self.program = Path(pte), RuntimeStep(pte)
+
+    @torch.no_grad()
+    def __call__(self, method: PRGE, steps, lr: float) -> PRGE:
+        size = sum(layer.lora_B.numel() for layer in method.layers)
+        if (size, method.q) != (self.settings["adapter_size"], self.settings["q"]):
+            raise ValueError(f"{self.path} replays adapters of {self.settings['adapter_size']} numbers with q "
+                             f"{self.settings['q']}; this run's has {size} with q {method.q}")
+        adapter = torch.cat([layer.lora_B.detach().reshape(-1) for layer in method.layers])
+        for t, g in steps:
+            if len(g) != method.q:
+                raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
+            seeds = torch.tensor(step_seeds(method.seed, t, method.q), dtype=torch.int64)
+            alphas = torch.tensor([-lr * gi / method.q for gi in g], dtype=torch.float32)   # as the eager alpha
+            adapter = self.program(adapter, seeds, alphas)[0]
+        for layer, part in zip(method.layers, torch.split(adapter, [layer.lora_B.numel() for layer in method.layers])):
+            layer.lora_B.copy_(part.reshape(layer.lora_B.shape))
+        return method

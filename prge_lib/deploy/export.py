@@ -15,7 +15,7 @@ from prge_lib.data.splits import sample_task
 from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
 from prge_lib.models.loading import load_model, truncate_layers
 from prge_lib.models.objective import encode_example
-from prge_lib.deploy.program import TrainStep
+from prge_lib.deploy.program import ReplayStep, TrainStep
 from prge_lib.common.provenance import atomic_file, provenance, write_result
 from prge_lib.zo.rge import check_zo_settings
 from prge_lib.data.tasks import get_task
@@ -164,6 +164,26 @@ def export_training_program(task: str, out, model: str | None = None, layers: in
                            f"seeds ({q},) int64", "lr () float32", "eps () float32"],
                 "outputs": [f"losses (2, {q}) float32: row 0 +eps, row 1 -eps",
                             f"adapter ({sum(step.sizes)},) float32 after the step"]}
+    record = {"kind": "program", "seed": seed, "settings": settings, **stats,
+              "provenance": provenance(time.perf_counter() - start, command)}
+    write_result(meta_path(out), record)
+    return record
+
+
+def export_replay_program(size: int, q: int, out, backend: str = "xnnpack", seed: int | None = None,
+                          command: str | None = None) -> dict:
+    """Export the update-only step (:class:`prge_lib.deploy.program.ReplayStep`) for an adapter of ``size`` numbers
+    and ``q`` queries to ``out`` (.pte), with its settings beside it (:func:`meta_path`): what a device runs to
+    follow a run from its broadcasts without training (chapter 11). ``seed``: the run's, recorded only."""
+    check_program_path(out)
+    start = time.perf_counter()
+    step = ReplayStep(size, q)
+    inputs = (torch.zeros(size), torch.arange(q, dtype=torch.int64), torch.zeros(q))
+    stats = export_program(step, inputs, out, backend)
+    settings = {"program": "replay", "adapter_size": size, "q": q, "backend": backend, "seed": seed,
+                "inputs": [f"adapter ({size},) float32", f"seeds ({q},) int64",
+                           f"alphas ({q},) float32: -lr g_i / q"],
+                "outputs": [f"adapter ({size},) float32 after the step's update"]}
     record = {"kind": "program", "seed": seed, "settings": settings, **stats,
               "provenance": provenance(time.perf_counter() - start, command)}
     write_result(meta_path(out), record)

@@ -84,6 +84,30 @@ class TrainStep(nn.Module):
         return losses, adapter - (lr / self.q) * step                            # line 14
 
 
+class ReplayStep(nn.Module):
+    """One step's update alone, for a device that follows a run by replaying broadcasts (chapter 11): no model,
+    no forward, only the counter generator and q scaled additions over the flattened adapter.
+
+    inputs   adapter (d,) fp32, seeds (q,) int64, alphas (q,) fp32 with α_i = −η g_i / q (η the replay's rate)
+    program  B ← B + α_i z(seed_i) for i = 1 … q, in that order       Alg. 1 line 14, one seed at a time
+    outputs  adapter' (d,)
+
+    The order and the α are those of the eager update (:func:`prge_lib.zo.prge.apply_update`), so the two differ
+    only where the kernels do: the runtime's log, cos and sin, and its multiply and add against PyTorch's."""
+
+    def __init__(self, size: int, q: int):
+        super().__init__()
+        if q < 1 or size < 1:
+            raise ValueError(f"a replay step needs q >= 1 and an adapter of at least one number, got q {q}, "
+                             f"size {size}")
+        self.size, self.q = size, q
+
+    def forward(self, adapter, seeds, alphas):
+        for i in range(self.q):
+            adapter = adapter + alphas[i] * counter_normal(seeds[i], 0, (self.size,))
+        return adapter
+
+
 class CopyLosses(nn.Module):
     """The loss of each of the n copies of a batch (``prge_lib.models.objective.copy_losses``) as a module."""
 

@@ -38,6 +38,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -140,14 +141,15 @@ def plan(seed: int, fed: FederatedConfig, shards: list[list[int]], batch_size: i
     return rounds
 
 
-def apply_broadcast(method: PRGE, broadcast: bytes) -> list[Upload]:
+def apply_broadcast(method: PRGE, broadcast: bytes, replay: Callable = replay_steps) -> list[Upload]:
     """What the server and every client do with a round's broadcast: replay each upload's steps, in order, at
     η/n for the n uploads it holds (FedAvg of the deltas that arrived: n = C when none was lost or late, and a
     late upload of the round before counts as one of them; a round whose uploads were all lost leaves the adapter
-    as it was); returns the uploads."""
+    as it was); returns the uploads. ``replay``: what applies the steps, called like
+    :func:`prge_lib.distributed.replay.replay_steps` (a device's runtime: ``prge_lib.deploy.client.ProgramReplayer``)."""
     _, uploads = decode_broadcast(broadcast)
     if uploads:
-        replay_steps(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / len(uploads))
+        replay(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / len(uploads))
     return uploads
 
 
