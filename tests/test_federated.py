@@ -231,6 +231,20 @@ def test_the_command_writes_both_results(fixture_data, tiny_folder, tmp_path, mo
     assert fed["zero_shot"]["taken_from"].startswith("the centralised baseline")
 
 
+def test_the_command_says_what_was_lost_and_late(fixture_data, tiny_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    out = tmp_path / "f.json"
+    assert main(["federate", *options(**{**BASE, "rounds": 4}, model=tiny_folder, drop=0.3, late=0.5),
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    jsonschema.validate(record, json_schema(FederatedRecord))
+    lost, late = record["federation"]["lost_uploads"], record["federation"]["late_uploads"]
+    assert (lost["drop"], lost["of"], late["late"], late["of"]) == (0.3, 8, 0.5, 8)
+    said = capsys.readouterr().out
+    assert f"; {lost['lost']} of 8 uploads lost; {late['delayed']} of 8 a round late " \
+           f"({late['never_arrived']} never arrived) -> {out}" in said
+
+
 def test_the_command_takes_device_clients(fixture_data, tiny_folder, tiny_program, tmp_path, monkeypatch, capsys):
     """`prge federate --device-clients 0,1 --program step.pte`: the result records the device clients' parity and
     validates; a program without clients, clients without a program, or a bad number are refused in one line."""

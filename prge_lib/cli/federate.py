@@ -56,8 +56,12 @@ def run_federate(args) -> int:
         comm = result["communication"]
         traffic = "" if comm is None else (f"; {comm['upload_bytes_per_client_round']} bytes up and "
                                            f"{comm['download_bytes_per_client_round']} down per client a round")
+        lost, late = (result["federation"].get(k) for k in ("lost_uploads", "late_uploads"))
+        arrivals = (f"; {lost['lost']} of {lost['of']} uploads lost" if lost else "") + \
+            (f"; {late['delayed']} of {late['of']} a round late ({late['never_arrived']} never arrived)" if late else "")
         print(f"{result['title']} {mode} ({fed.split}): {result['steps']} steps, test "
-              f"{100 * result['zero_shot']['test']:.1f} -> {100 * result['final']['test']:.1f}{traffic} -> {out}")
+              f"{100 * result['zero_shot']['test']:.1f} -> {100 * result['final']['test']:.1f}{traffic}{arrivals} "
+              f"-> {out}")
     return 0
 
 
