@@ -195,3 +195,15 @@ def test_a_diverging_run_exits_3_with_rank_0s_partial_result(fixture_data, tiny_
     assert code == 3                  # the worker's own status, through the launcher
     result = json.loads(out.read_text())
     assert result["status"] == "diverged" and result["steps"] == 1 and "not finite" in result["diverged"]
+
+
+def test_the_gpu_path_picks_nccl_and_the_local_ranks_gpu(monkeypatch):
+    """The logic of the GPU path, on the CPU: NCCL for CUDA devices, gloo for the CPU, another device refused by
+    name; each worker on a GPU takes the GPU of its local rank, on the CPU the CPU."""
+    from prge_lib.distributed.wire import backend_for, worker_device
+
+    assert (backend_for("cpu"), backend_for("cuda"), backend_for("cuda:1")) == ("gloo", "nccl", "nccl")
+    with pytest.raises(ValueError, match="device 'mps' has no collective backend here"):
+        backend_for("mps")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert (worker_device("cuda"), worker_device("cuda:0"), worker_device("cpu")) == ("cuda:3", "cuda:3", "cpu")
