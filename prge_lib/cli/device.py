@@ -203,12 +203,13 @@ def replay_in_runtime(method, upload, pte, backend: str, command: str | None = N
     device that only follows the run does), exported first for this run's adapter and q when ``pte`` is absent."""
     from prge_lib.deploy.client import ProgramReplayer
     from prge_lib.deploy.export import check_program_path, export_replay_program
+    from prge_lib.deploy.program import flat_adapter
     from prge_lib.distributed.upload import check_upload
 
     check_program_path(pte)
     check_upload(method, upload)
     if not Path(pte).exists():
-        size = sum(layer.lora_B.numel() for layer in method.layers)
+        size = flat_adapter(method.layers).numel()
         export_replay_program(size, method.q, pte, backend, seed=method.seed, command=command)
         print(f"prge: exported the update-only program for an adapter of {size:,} numbers, q = {method.q} "
               f"({backend}) -> {pte}", file=sys.stderr)

@@ -46,6 +46,7 @@ from torch import nn
 
 from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import check_program, export_program, read_program_meta
+from prge_lib.deploy.program import flat_adapter, load_flat_adapter
 from prge_lib.deploy.runtime import ProgramPRGE, RuntimeStep
 from prge_lib.distributed.replay import replay
 from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
@@ -208,7 +209,6 @@ def replay_parity(device_adapter: dict[str, torch.Tensor], method: PRGE, envelop
             "envelope_constant": envelope_constant(method.q), "generator_gap": envelope.generator_gap}
 
 
-
 class ProgramReplayer:
     """A device that follows a run in the ExecuTorch runtime: the update-only program ``pte``
     (:func:`prge_lib.deploy.export.export_replay_program`) applies each step's update to the adapter, which the host
@@ -223,17 +223,15 @@ class ProgramReplayer:
 
     @torch.no_grad()
     def __call__(self, method: PRGE, steps, lr: float) -> PRGE:
-        size = sum(layer.lora_B.numel() for layer in method.layers)
-        if (size, method.q) != (self.settings["adapter_size"], self.settings["q"]):
+        adapter = flat_adapter(method.layers)
+        if (adapter.numel(), method.q) != (self.settings["adapter_size"], self.settings["q"]):
             raise ValueError(f"{self.path} replays adapters of {self.settings['adapter_size']} numbers with q "
-                             f"{self.settings['q']}; this run's has {size} with q {method.q}")
-        adapter = torch.cat([layer.lora_B.detach().reshape(-1) for layer in method.layers])
+                             f"{self.settings['q']}; this run's has {adapter.numel()} with q {method.q}")
         for t, g in steps:
             if len(g) != method.q:
                 raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
             seeds = torch.tensor(step_seeds(method.seed, t, method.q), dtype=torch.int64)
             alphas = torch.tensor([-lr * gi / method.q for gi in g], dtype=torch.float32)   # as the eager alpha
             adapter = self.program(adapter, seeds, alphas)[0]
-        for layer, part in zip(method.layers, torch.split(adapter, [layer.lora_B.numel() for layer in method.layers])):
-            layer.lora_B.copy_(part.reshape(layer.lora_B.shape))
+        load_flat_adapter(method.layers, adapter)
         return method

@@ -27,6 +27,21 @@ from prge_lib.models.objective import Batch, copy_losses
 from prge_lib.zo.prng import counter_normal
 
 
+def flat_adapter(layers) -> torch.Tensor:
+    """The LoRA-B matrices of ``layers``, flattened in layer order: a program's state vector."""
+    return torch.cat([layer.lora_B.detach().reshape(-1) for layer in layers])
+
+
+@torch.no_grad()
+def load_flat_adapter(layers, adapter: torch.Tensor) -> None:
+    """Write a state vector (:func:`flat_adapter`) back into the LoRA-B parameters of ``layers``."""
+    sizes = [layer.lora_B.numel() for layer in layers]
+    if adapter.shape != (sum(sizes),):
+        raise ValueError(f"adapter must have shape ({sum(sizes)},), got {tuple(adapter.shape)}")
+    for layer, part in zip(layers, torch.split(adapter, sizes)):
+        layer.lora_B.copy_(part.reshape(layer.lora_B.shape))
+
+
 class TrainStep(nn.Module):
     """One P-RGE step (outer and inner loop in one forward) over the LoRA-FA layers of ``model``."""
 
@@ -54,13 +69,11 @@ class TrainStep(nn.Module):
 
     def adapter(self) -> torch.Tensor:
         """The model's current LoRA-B matrices, flattened in layer order: the program's state vector."""
-        return torch.cat([layer.lora_B.detach().reshape(-1) for layer in self.layers])
+        return flat_adapter(self.layers)
 
     def load(self, adapter: torch.Tensor) -> None:
         """Write a state vector back into the model's LoRA-B parameters."""
-        with torch.no_grad():
-            for layer, part in zip(self.layers, self.split(adapter)):
-                layer.lora_B.copy_(part)
+        load_flat_adapter(self.layers, adapter)
 
     def split(self, adapter: torch.Tensor) -> list[torch.Tensor]:
         if adapter.shape != (sum(self.sizes),):

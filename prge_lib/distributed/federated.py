@@ -99,17 +99,22 @@ def round_clients(seed: int, r: int, clients: int, per_round: int) -> list[int]:
     return sorted(random.Random(mix_seed(seed, _CHOICE_TAG, r)).sample(range(clients), per_round))
 
 
+def _happens(chance: float, *key: int) -> bool:
+    """A seeded draw from ``key`` (run seed, tag, round, slot) below ``chance``; never, at chance 0."""
+    return chance > 0 and random.Random(mix_seed(*key)).random() < chance
+
+
 def upload_lost(seed: int, r: int, slot: int, drop: float) -> bool:
     """Whether the upload of slot ``slot`` of round ``r`` is lost: a draw from (run seed, r, slot) below ``drop``
     (the client trained, and its message never reached the server)."""
-    return drop > 0 and random.Random(mix_seed(seed, _DROP_TAG, r, slot)).random() < drop
+    return _happens(drop, seed, _DROP_TAG, r, slot)
 
 
 def upload_late(seed: int, r: int, slot: int, late: float) -> bool:
     """Whether the upload of slot ``slot`` of round ``r`` reaches the server one round late: a draw from (run
     seed, r, slot), apart from the draw of :func:`upload_lost`, below ``late`` (a straggler: the server closes
     round r without it and broadcasts it with round r + 1's uploads)."""
-    return late > 0 and random.Random(mix_seed(seed, _LATE_TAG, r, slot)).random() < late
+    return _happens(late, seed, _LATE_TAG, r, slot)
 
 
 def seed_index(fed: FederatedConfig, r: int, slot: int, s: int) -> int:
@@ -291,13 +296,14 @@ class FederatedRun:
             else:
                 pairs, l, s = self.local_steps(client_steps)
             losses, seconds = losses + l, seconds + s
+            message = Upload(k, r, tuple(pairs)).to_bytes()
             if upload_lost(self.setup.config.seed, r, slot, self.fed.drop):
                 lost.append(k)                         # trained, but the server never hears of it
             elif upload_late(self.setup.config.seed, r, slot, self.fed.late):
                 late.append(k)                         # arrives after the round closed: sent with the next one
-                self.pending.append(Upload(k, r, tuple(pairs)).to_bytes())
+                self.pending.append(message)
             else:
-                uploads.append(Upload(k, r, tuple(pairs)).to_bytes())
+                uploads.append(message)
         with torch.no_grad():
             for name, tensor in self.method.trainable().items():
                 tensor.copy_(start_b[name])
