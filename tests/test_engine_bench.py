@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
-from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, forward_flops, parse_configs,
-                                               peak_flops, step_flops)
+from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, forward_flops, forward_tokens,
+                                               pack_spec, parse_configs, peak_flops, real_token_share, step_batches,
+                                               step_flops)
+from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.models.objective import collate
 
 
@@ -18,7 +20,10 @@ def test_peaks_by_device_name():
 
 def test_config_names():
     assert parse_configs("eager, optimised,packed-8,packed-max") == ["eager", "optimised", "packed-8", "packed-max"]
-    for bad in ("fast", "packed-0", "packed-x", ""):
+    assert parse_configs("packed-256-g4,packed-max-g2") == ["packed-256-g4", "packed-max-g2"]
+    assert pack_spec("packed-256-g4") == (256, 4) and pack_spec("packed-max") == (None, 1)
+    assert pack_spec("packed-8") == (8, 1) and pack_spec("optimised") is None
+    for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2"):
         with pytest.raises(ValueError):
             parse_configs(bad)
 
@@ -42,19 +47,37 @@ def test_the_flop_count_is_the_hand_count(tiny_factory):
     assert step_flops(shape, batch, 4, lora, 4) == 4 * (expected + forward_flops(shape, 7, 2, lora, 4))
 
 
+def test_real_tokens_against_the_positions_a_forward_computes():
+    """Two runs' batches in one forward: 5 + 7 real tokens in rows of width 7, and 3 + 2 in rows of width 3. The
+    pack pads every row to 7, its bucket 16: 4 rows × 16 = 64 positions, 17 real; without buckets 4 × 7 = 28."""
+    one = collate([([1, 2, 3, 4, 5], [7]), ([1, 2, 3, 4, 5, 6, 7], [8])], pad_id=0)
+    two = collate([([1, 2, 3], [7]), ([1, 2], [8])], pad_id=0)
+    assert forward_tokens([one, two], (16, 32)) == (17, 64)
+    assert forward_tokens([one, two], None) == (17, 28)
+    assert forward_tokens([two], (16, 32)) == (5, 32)
+    assert real_token_share([[one, two], [two]], (16, 32)) == pytest.approx(22 / 96)
+    with pytest.raises(ValueError, match="longer than the largest bucket 4"):
+        forward_tokens([one], (4,))
+    # two width groups: [two] alone (5 real of 2 × 16) and [one] alone (12 of 2 × 16)
+    assert real_token_share([[one, two]], (16, 32), groups=2) == pytest.approx(17 / 64)
+    assert real_token_share([[one, two]], None, groups=2) == pytest.approx(17 / (2 * 3 + 2 * 7))
+
+
 def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokenizer):
     def make_model(dtype):
         model = tiny_factory(0, 1)
         return (model.half() if dtype == "fp16" else model), tokenizer
 
-    result = engine_bench(make_model, ["eager", "optimised", "packed-2", "packed-max"], ["sst2", "rte"], q=2, E=4,
+    result = engine_bench(make_model, ["eager", "optimised", "packed-2", "packed-max", "packed-4-g2"], ["sst2", "rte"],
+                          q=2, E=4,
                           seq_len=48, buckets=(32, 64), dtype="fp32", steps=2, warmup=1, max_pack=4,
                           progress=lambda line: None)
     assert result["device"].startswith("cpu") and result["peak_fp16_flops"] is None
     json.dumps(result)                                          # a result file can hold it
     for task in ("sst2", "rte"):
         records, ratios = result["tasks"][task]["configs"], result["tasks"][task]["ratios"]
-        assert set(records) == {"eager", "optimised", "packed-2", "packed-max"}
+        assert set(records) == {"eager", "optimised", "packed-2", "packed-max", "packed-4-g2"}
+        assert records["packed-4-g2"]["runs"] == 4 and records["packed-4-g2"]["width_groups"] == 2
         assert records["eager"]["engine"] == "layerwise" and records["eager"]["dtype"] == "fp32"
         assert records["optimised"]["engine"] == "fused" and records["optimised"]["cuda_graphs"] is False
         assert records["packed-2"]["runs"] == 2 and records["packed-max"]["runs"] == 4   # 1, 2, 4 fit; cap 4
@@ -62,8 +85,17 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
             assert r["mfu"] is None and len(r["step_s"]["per_step"]) == 2 and r["flops_per_step"] > 0
             assert r["step_s"]["median"] == pytest.approx(sum(r["step_s"]["per_step"]) / 2)           # two timed steps
             assert r["run_steps_per_s"] == pytest.approx(r["runs"] / r["step_s"]["median"])
+            assert 0 < r["real_token_share"] <= 1
+        # the share is that of the batches the timed steps drew (1 warm-up step, then 2): one run's padded to its
+        # bucket (eager: to its own width), a pack's to the bucket of the widest of its runs' batches
+        source = BatchSource(tokenizer.vocab_size, 48, task, tokenizer)
+        for name, r in records.items():
+            drawn = [step_batches(source, r["runs"], 2, t) for t in (1, 2)]
+            assert r["real_token_share"] == pytest.approx(
+                real_token_share(drawn, None if name == "eager" else (32, 64), r.get("width_groups", 1)))
+        assert records["optimised"]["real_token_share"] < records["eager"]["real_token_share"]
         assert ratios == engine_ratios(records)
-        for name in ("optimised", "packed-2", "packed-max"):
+        for name in ("optimised", "packed-2", "packed-max", "packed-4-g2"):
             assert ratios[f"{name}_over_eager"] == pytest.approx(
                 records[name]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
 

@@ -45,7 +45,7 @@ from prge_lib.training.packed import PackStopped, PackedTrainer, check_packable
 from prge_lib.training.trainer import TrainConfig, Trainer, TrainingDiverged
 from prge_lib.zo.defaults import DEFAULT_TARGETS
 from prge_lib.zo.estimator import step_seeds
-from prge_lib.zo.packing import build_pack
+from prge_lib.zo.packing import Pack, build_pack, group_by_width
 
 U = 2.0 ** -24          # fp32 unit roundoff
 COMMON = {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "max_length": 32, "layers": 1}
@@ -79,9 +79,9 @@ def configs(pack: str, **changes) -> list[TrainConfig]:
     return [TrainConfig(**{**COMMON, **run, **changes}) for run in PACKS[pack]]
 
 
-def packed(tiny_factory, tokenizer, task_data, runs, folders=None) -> PackedTrainer:
+def packed(tiny_factory, tokenizer, task_data, runs, folders=None, width_groups: int = 1) -> PackedTrainer:
     return PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], folders,
-                         progress=False)
+                         progress=False, width_groups=width_groups)
 
 
 def solo(tiny_factory, tokenizer, task_data, config) -> Trainer:
@@ -120,11 +120,13 @@ def trajectory_gaps(result: dict, trainer: Trainer, reference: dict, reference_t
 
 
 @pytest.mark.parametrize("pack,engine", [("equal", "layerwise"), ("mixed", "layerwise"), ("equal", "fused"),
-                                         ("mixed", "fused"), ("same-q", "fused")])
+                                         ("mixed", "fused"), ("same-q", "fused"), ("mixed", "fused-grouped"),
+                                         ("same-q", "fused-grouped")])
 def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pack, engine):
-    changes = FUSED if engine == "fused" else {}
+    """fused-grouped: each step's runs in two forwards by batch width (width_groups = 2)."""
+    changes = FUSED if engine.startswith("fused") else {}
     runs = configs(pack, **changes)
-    trainer = packed(tiny_factory, tokenizer, task_data, runs)
+    trainer = packed(tiny_factory, tokenizer, task_data, runs, width_groups=2 if engine == "fused-grouped" else 1)
     results = trainer.run()
     alone, alone_results, z_logits = [], [], []
     for config in runs:
@@ -287,11 +289,55 @@ def test_a_buffered_pack_step_gives_the_fused_steps_numbers(tiny_factory):
         ids = torch.randint(1, 500, (2, length), generator=generator)
         return Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
 
-    plan = [[0, 1, 2], [0, 1, 2], [0, 2], [0, 1, 2], [0, 2]]
+    plan = [[0, 1, 2], [0, 1, 2], [0, 2], [0, 1, 2], [0, 2], [0, 1], [1, 2]]
     for t, order in enumerate(plan):
         work = {r: (batch(8 if t % 2 else 12), t) for r in order}
         plain, buffered = (pack.step(work) for pack in packs)
         assert plain == buffered
         assert all(math.isfinite(plain[r]["loss"]) for r in order)
     assert torch.equal(packs[0].flat, packs[1].flat) and packs[0].flat.abs().sum() > 0
-    assert sorted((key[0], key[2]) for key in packs[1].buffered) == [((0, 1, 2), 8), ((0, 1, 2), 12), ((0, 2), 12)]
+    # one buffered step per number of runs and shape: runs 1 and 2 at width 12 replay the step recorded for
+    # runs 0 and 2 (other ε and η, read from its buffers)
+    assert sorted((key[0], key[4]) for key in packs[1].buffered) == [(2, 8), (2, 12), (3, 8), (3, 12)]
+
+
+def test_runs_are_grouped_by_batch_width():
+    widths = {0: 30, 1: 8, 2: 12, 3: 8, 4: 64}
+    assert group_by_width([0, 1, 2, 3, 4], widths, 2) == [[1, 3, 2], [0, 4]]
+    assert group_by_width([0, 1, 2, 3, 4], widths, 3) == [[1, 3], [2, 0], [4]]
+    assert group_by_width([4, 0], widths, 8) == [[0], [4]]                     # no empty group
+    assert group_by_width([4, 0, 2], widths, 1) == [[4, 0, 2]]                  # one group: the order given
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"width_groups takes a whole number of groups ≥ 1, got {bad}"):
+            Pack(torch.nn.Linear(2, 2), [], [], pad_id=0, width_groups=bad)
+
+
+def test_a_grouped_pack_step_is_each_groups_step(tiny_factory):
+    """width_groups = 2: the runs of a step sorted by batch width and cut in two, each group one forward padded
+    to its own widest batch; its records and B's are those of the same pack stepping each group by itself, bit
+    for bit (graphs and plain alike), and its forwards are no wider than their groups need."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2 * (r + 1),
+                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(4)]
+    generator = torch.Generator().manual_seed(2)
+
+    def batch(length: int) -> Batch:
+        ids = torch.randint(1, 500, (2, length), generator=generator)
+        return Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
+
+    for graphs in (False, True):
+        grouped = build_pack(tiny_factory(), settings, pad_id=0, fused=True, graphs=graphs, width_groups=2)
+        by_hand = build_pack(tiny_factory(), settings, pad_id=0, fused=True, graphs=graphs)
+        widths_seen = []
+        grouped.model.register_forward_pre_hook(lambda module, args, kwargs: widths_seen.append(
+            kwargs["input_ids"].shape[1] if "input_ids" in kwargs else args[0].shape[1]), with_kwargs=True)
+        for t, lengths in enumerate([(5, 9, 6, 12), (12, 5, 5, 7), (8, 8, 8, 8)]):
+            work = {r: (batch(n), t) for r, n in enumerate(lengths)}
+            records = grouped.step(work)
+            assert list(records) == [0, 1, 2, 3]
+            expected = {}
+            for group in group_by_width(list(work), {r: n for r, n in enumerate(lengths)}, 2):
+                expected.update(by_hand.step({r: work[r] for r in group}))
+            assert records == {r: expected[r] for r in range(4)}
+            narrow, wide = sorted(lengths)[1], sorted(lengths)[3]
+            assert widths_seen[-2:] == [narrow, wide], (lengths, widths_seen)
+        assert torch.equal(grouped.flat, by_hand.flat) and grouped.flat.abs().sum() > 0

@@ -18,7 +18,7 @@ def run_bench(args) -> int:
         return run_engine_bench(args)
     if not args.method:
         raise ValueError("prge bench needs --method (the methods' step times) or --configs (the engine's "
-                         "configurations: eager, optimised, packed-N, packed-max)")
+                         "configurations: eager, optimised, packed-N, packed-max, packed-N-gK)")
     from prge_lib.experiments.bench.methods import bench
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
@@ -120,7 +120,8 @@ def bench_options(be) -> None:
     be.add_argument("--method", default=None, help=f"comma-separated, from: {', '.join(CONFIGS)}")
     be.add_argument("--configs", default=None,
                     help="instead of --method: the engine's configurations, eager (the per-layer fp32 step), "
-                         "optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max; on real "
+                         "optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max, and "
+                         "either pack with -gK (its runs in K forwards by batch width, e.g. packed-256-g4); on real "
                          "batches of --task (comma-separated, default sst2,rte): run-steps per second, MFU, ratios "
                          "to eager")
     be.add_argument("--buckets", default="64,128,256", help="--configs: the length buckets of the optimised steps")

@@ -77,12 +77,13 @@ def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
 
 class PackedTrainer:
     """Train the runs of ``configs`` together (see the module docstring). ``data[r]`` and ``checkpoint_dirs[r]``
-    are run r's (None: sampled by its seed / no checkpoints); ``names`` default to :func:`run_name`."""
+    are run r's (None: sampled by its seed / no checkpoints); ``names`` default to :func:`run_name`;
+    ``width_groups``: each step's runs in that many forwards by batch width (``prge_lib.zo.packing.Pack``)."""
 
     def __init__(self, configs: Sequence[TrainConfig], model=None, tokenizer=None,
                  data: Sequence[TaskData | None] | None = None,
                  checkpoint_dirs: Sequence[str | os.PathLike | None] | None = None,
-                 names: Sequence[str] | None = None, progress: bool = True):
+                 names: Sequence[str] | None = None, progress: bool = True, width_groups: int = 1):
         configs = check_packable(configs)
         count = len(configs)
         data = list(data) if data is not None else [None] * count
@@ -107,7 +108,8 @@ class PackedTrainer:
                                         "noise": c.noise, "q": c.q, "eps": c.eps, "lr": c.lr,
                                         "keep_noise": c.keep_noise} for c in configs],
                                tokenizer.pad_token_id, fused=first.engine == "fused",
-                               buckets=parse_buckets(first.buckets), graphs=bool(first.cuda_graphs))
+                               buckets=parse_buckets(first.buckets), graphs=bool(first.cuda_graphs),
+                               width_groups=width_groups)
         self.trainers = [Trainer(c, model, tokenizer, d, folder, progress=False,
                                  method_builder=lambda c, m, r=r: self.pack.method(r))
                          for r, (c, d, folder) in enumerate(zip(configs, data, checkpoint_dirs))]

@@ -34,8 +34,8 @@ B ← B − (η_r/q) g_rᵀ Z_r. So a step's kernels do not grow with R; only th
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -186,15 +186,24 @@ class Pack:
     ``fused``: each run's noise drawn in one counter-generator call and its update made on the device
     (:mod:`prge_lib.zo.fused`; needs counter noise), the records read in one copy after the step.
     ``buckets``: the pack's batch padded to the smallest of these lengths that holds it.
-    ``graphs``: a fused step of runs with one q and one row count is recorded as a CUDA graph per set of runs and
-    batch shape, and replayed (on a GPU; on the CPU the same buffered step runs eagerly)."""
+    ``graphs``: a fused step of runs with one q and one row count is recorded as a CUDA graph per number of runs
+    and batch shape, and replayed for any runs of that number (which runs, their ε and η are read from buffers;
+    on a GPU; on the CPU the same buffered step runs eagerly).
+    ``width_groups``: a step of many runs is split into this many forwards of runs of similar batch width (runs
+    sorted by width, then cut into near-equal groups), each padded to its own width: a short prompt of one run is
+    no longer padded to the longest prompt of all runs (chapter 5, "On a GPU"). Runs do not interact, so the
+    records are those of one forward up to the rounding a padded length brings (``tests/test_packing.py``)."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
-                 pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False):
+                 pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False,
+                 width_groups: int = 1):
         self.model, self.layers, self.runs, self.pad_id = model, list(layers), list(runs), pad_id
         self.fused, self.buckets, self.graphs = fused, tuple(buckets) if buckets else None, graphs
         if graphs and not fused:
             raise ValueError("a pack's step is replayed as a CUDA graph only when fused (fused=True)")
+        if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
+            raise ValueError(f"width_groups takes a whole number of groups ≥ 1, got {width_groups!r}")
+        self.width_groups = width_groups
         self.buffered: dict[tuple, _BufferedPackStep] = {}
         for r, run in enumerate(self.runs):
             check_zo_dtype([layer.lora_B for layer in run.layers], f"P-RGE (packed run {r})")
@@ -247,6 +256,13 @@ class Pack:
         unknown = [r for r in order if not 0 <= r < len(self.runs)]
         if unknown:
             raise ValueError(f"runs {unknown} are not in this pack of {len(self.runs)}")
+        records = {}
+        for group in group_by_width(order, {r: work[r][0].input_ids.shape[1] for r in order}, self.width_groups):
+            records.update(self._step_runs(group, work))
+        return {r: records[r] for r in order}
+
+    def _step_runs(self, order: list[int], work: dict[int, tuple[Batch, int]]) -> dict[int, dict]:
+        """One forward's step of the runs ``order`` (:meth:`step`)."""
         seeds = {r: step_seeds(self.runs[r].seed, work[r][1], self.runs[r].q) for r in order}
         width = max(work[r][0].input_ids.shape[1] for r in order)
         if self.buckets:
@@ -307,6 +323,8 @@ class Pack:
         """The device tensors a fused step of the runs ``order`` reads (made once per set of working runs)."""
         key = tuple(order)
         if key not in self.plans:
+            if len(self.plans) >= 256:        # width groups change their runs every step: keep the cache small
+                self.plans.clear()
             self.plans[key] = _Plan.of(self, key)
         return self.plans[key]
 
@@ -318,11 +336,12 @@ class Pack:
         plan = self.plan(order)
         flat_seeds = torch.tensor([s for r in order for s in seeds[r]], dtype=torch.int64)
         if plan.q is not None and len({n for _, n in rows}) == 1:
-            if self.graphs:
-                key = (tuple(order), batch.rows, batch.input_ids.shape[1], batch.targets.shape[1])
+            if self.graphs:       # one graph per number of runs and shape; which runs is in the plan's buffers
+                key = (len(order), plan.q, plan.all_runs, batch.rows, batch.input_ids.shape[1],
+                       batch.targets.shape[1])
                 if key not in self.buffered:
                     self.buffered[key] = _BufferedPackStep(self, plan, rows, batch)
-                out = self.buffered[key].run(batch, flat_seeds)
+                out = self.buffered[key].run(batch, flat_seeds, plan)
             else:
                 out = self._uniform_step(plan, flat_seeds, batch, rows)
             # each run's record (that of step_record: mean loss in fp32, finite, g), copied out in one go
@@ -371,6 +390,21 @@ class Pack:
         return PackedMethod(self, r)
 
 
+def group_by_width(order: Sequence[int], widths: dict[int, int], groups: int) -> list[list[int]]:
+    """The runs ``order`` sorted by their batch width (``widths[r]``; ties by run) and cut into ``groups``
+    contiguous groups of near-equal size (the larger first), none empty: each group is one forward padded to its
+    widest run. One group, or fewer runs than groups allow: as many groups as runs need."""
+    ranked = sorted(order, key=lambda r: (widths[r], r))
+    count = min(groups, len(ranked))
+    size, extra = divmod(len(ranked), count) if count else (0, 0)
+    cuts, start = [], 0
+    for g in range(count):
+        end = start + size + (1 if g < extra else 0)
+        cuts.append(ranked[start:end])
+        start = end
+    return cuts if groups > 1 else [list(order)]
+
+
 @dataclass
 class _Plan:
     """A fused step's constants for one set of working runs ``order``, on the device: for each copy c its run
@@ -387,6 +421,8 @@ class _Plan:
     q: int | None
     q_of: dict[int, int]
     all_runs: bool
+
+    BUFFERS: ClassVar[tuple[str, ...]] = ("work", "run_of_copy", "seed_row", "scales", "two_eps", "step_scale")
 
     @classmethod
     def of(cls, pack: "Pack", order: tuple[int, ...]) -> "_Plan":
@@ -420,7 +456,8 @@ class _BufferedPackStep:
 
     def __init__(self, pack: Pack, plan: "_Plan", rows: list[tuple[int, int]], batch: Batch):
         device = pack.flat.device
-        self.pack, self.plan, self.rows = pack, plan, rows
+        # the plan's tensors as buffers of their own, refilled for the runs of each step
+        self.pack, self.plan, self.rows = pack, replace(plan, **{f: getattr(plan, f).clone() for f in _Plan.BUFFERS}), rows
         self.batch = Batch(*(torch.empty_like(t, device=device) for t in (batch.input_ids, batch.attention_mask,
                                                                            batch.targets)))
         self.seeds = torch.zeros(len(plan.order) * plan.q, dtype=torch.int64, device=device)
@@ -429,10 +466,14 @@ class _BufferedPackStep:
     def compute(self) -> torch.Tensor:
         return self.pack._uniform_step(self.plan, self.seeds, self.batch, self.rows)
 
-    def run(self, batch: Batch, seeds: torch.Tensor) -> torch.Tensor:
+    def run(self, batch: Batch, seeds: torch.Tensor, plan: "_Plan") -> torch.Tensor:
+        """The step of the runs of ``plan`` (as many as this step's, of its q) on ``batch`` with ``seeds``."""
         for buffer, value in zip((self.batch.input_ids, self.batch.attention_mask, self.batch.targets),
                                  (batch.input_ids, batch.attention_mask, batch.targets)):
             buffer.copy_(value, non_blocking=True)
+        for name in _Plan.BUFFERS:
+            getattr(self.plan, name).copy_(getattr(plan, name), non_blocking=True)
+        self.plan.order, self.plan.q_of = plan.order, plan.q_of
         self.seeds.copy_(seeds, non_blocking=True)
         if self.pack.flat.device.type != "cuda":
             return self.compute()
@@ -488,13 +529,13 @@ class PackedMethod:
 
 
 def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int, fused: bool = False,
-               buckets: Sequence[int] | None = None, graphs: bool = False) -> Pack:
+               buckets: Sequence[int] | None = None, graphs: bool = False, width_groups: int = 1) -> Pack:
     """A pack of R runs on ``model``; ``settings[r]`` holds run r's targets, r, alpha, noise, q, eps, lr, seed
-    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets`` and ``graphs``:
-    :class:`Pack`."""
+    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets``, ``graphs`` and
+    ``width_groups``: :class:`Pack`."""
     adapters = [{k: s[k] for k in ("targets", "r", "alpha", "seed", "noise")} for s in settings]
     packed, per_run = inject_packed(model, adapters)
     runs = [PackedRun(layers, s["q"], s["eps"], s["lr"], s["seed"], keeps_noise(layers, s["q"], s["keep_noise"]))
             for layers, s in zip(per_run, settings)]
-    return Pack(model, packed, runs, pad_id, fused, buckets, graphs)
+    return Pack(model, packed, runs, pad_id, fused, buckets, graphs, width_groups)
 

@@ -7,10 +7,13 @@ ratios compare like with like.
                  buckets, replayed as a CUDA graph per shape on a GPU (prge_lib.zo.graphs)
     packed-N     N runs (seeds 0 … N−1) sharing each forward, fused, bucketed (prge_lib.zo.packing)
     packed-max   the largest pack, doubling from 8 (1 on the CPU) up to ``max_pack``, whose step fits memory
+    …-gK         (packed-N-gK, packed-max-gK) each step's runs in K forwards by batch width (Pack.width_groups)
 
 ``run_steps_per_s`` counts the steps of one run per second (a pack of R makes R per step). ``mfu`` divides the
 FLOPs of the real tokens (padding not counted; :func:`forward_flops`) by the device's dense fp16 peak
-(:data:`PEAK_FP16_FLOPS`, by device name; None where unknown, e.g. a CPU).
+(:data:`PEAK_FP16_FLOPS`, by device name; None where unknown, e.g. a CPU). ``real_token_share`` is the share of
+the forward's token positions that hold real tokens (:func:`forward_tokens`): what the padding leaves of the
+work the GPU does.
 """
 from __future__ import annotations
 
@@ -22,13 +25,13 @@ import torch
 
 from prge_lib.common.measure import release_memory, time_steps
 from prge_lib.experiments.bench.methods import BatchSource
-from prge_lib.models.buckets import to_bucket
+from prge_lib.models.buckets import bucket_length, to_bucket
 from prge_lib.models.objective import IGNORE, Batch
 from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
 from prge_lib.zo.fused import FusedPRGE
 from prge_lib.zo.graphs import GraphedPRGE
 from prge_lib.zo.lora import inject_lorafa
-from prge_lib.zo.packing import build_pack
+from prge_lib.zo.packing import build_pack, group_by_width
 from prge_lib.zo.prge import PRGE
 from prge_lib.zo.prng import compiles_on
 from prge_lib.training.records import step_times
@@ -46,16 +49,29 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
+def pack_spec(name: str) -> tuple[int | None, int] | None:
+    """(runs, width groups) of a packed configuration's name: packed-N → (N, 1), packed-N-gK → (N, K),
+    packed-max → (None, 1), packed-max-gK → (None, K); None for a name that is not one (N, K ≥ 1)."""
+    parts = name.split("-")
+    if len(parts) not in (2, 3) or parts[0] != "packed":
+        return None
+    size, groups = parts[1], parts[2] if len(parts) == 3 else "g1"
+    if not (size == "max" or (size.isdigit() and int(size) >= 1)):
+        return None
+    if not (groups.startswith("g") and groups[1:].isdigit() and int(groups[1:]) >= 1):
+        return None
+    return (None if size == "max" else int(size)), int(groups[1:])
+
+
 def parse_configs(text: str) -> list[str]:
-    """``eager,optimised,packed-8,packed-max`` as a list, each name checked (packed-N with N ≥ 1)."""
+    """``eager,optimised,packed-8,packed-max,packed-256-g4`` as a list, each name checked (packed-N with N ≥ 1,
+    an optional -gK with K ≥ 1 width groups)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
-        if name in FIXED:
+        if name in FIXED or pack_spec(name) is not None:
             continue
-        size = name.removeprefix("packed-")
-        if not (name.startswith("packed-") and size.isdigit() and int(size) >= 1):
-            raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)} or packed-N "
-                             f"(N ≥ 1)")
+        raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1) or "
+                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4)")
     if not names:
         raise ValueError("--configs names no configuration")
     return names
@@ -101,6 +117,37 @@ def step_flops(shape: ModelShape, batch: Batch, copies: int, lora: Sequence[tupl
     return copies * sum(forward_flops(shape, n, t, lora, r) for n, t in zip(tokens, targets))
 
 
+def forward_tokens(batches: Sequence[Batch], buckets: Sequence[int] | None) -> tuple[int, int]:
+    """(real, computed) token positions of one forward over ``batches`` together (one run's, or a pack's runs'):
+    every row is padded to the widest batch, rounded up to its bucket when ``buckets`` are given. A row's 2q
+    copies scale both counts alike, so they are left out."""
+    width = max(b.input_ids.shape[1] for b in batches)
+    if buckets:
+        width = bucket_length(width, buckets)
+    rows = sum(b.input_ids.shape[0] for b in batches)
+    return sum(int(b.attention_mask.sum()) for b in batches), rows * width
+
+
+def real_token_share(steps: Sequence[Sequence[Batch]], buckets: Sequence[int] | None, groups: int = 1) -> float:
+    """The share of real tokens among the positions the forwards of ``steps`` compute (each step a list of its
+    runs' batches, one forward, or ``groups`` forwards by batch width as ``Pack.width_groups`` makes them):
+    :func:`forward_tokens` summed over the forwards."""
+    forwards = []
+    for batches in steps:
+        widths = {r: b.input_ids.shape[1] for r, b in enumerate(batches)}
+        forwards += [[batches[r] for r in group] for group in group_by_width(list(widths), widths, groups)]
+    real, computed = map(sum, zip(*(forward_tokens(batches, buckets) for batches in forwards)))
+    return real / computed
+
+
+def step_batches(source: BatchSource, runs: int, rows: int, t: int, device="cpu") -> list[Batch]:
+    """The batches of step ``t`` of a pack of ``runs`` runs of ``rows`` rows (run r reads draw t·runs + r;
+    a run alone, draw t), on ``device``: by default the host, where a pack assembles them."""
+    if runs == 1:
+        return [source(rows, t, device=device)]
+    return [source(rows, t * runs + r, device=device) for r in range(runs)]
+
+
 class _Timed:
     """A step function that keeps each call's batches, so that their FLOPs are counted after the timing."""
 
@@ -113,7 +160,7 @@ class _Timed:
 
 def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable, dtype: str, q: int, E: int,
             buckets: Sequence[int] | None, steps: int, warmup: int, runs: int = 1, graphs: bool = True,
-            eps: float = 1e-2, lr: float = 1e-9) -> dict:
+            eps: float = 1e-2, lr: float = 1e-9, width_groups: int = 1) -> dict:
     """Time one configuration on a fresh model from ``make_model(dtype)``; ``source_for(model, tokenizer)``
     gives its batch source (rows, t) → Batch. Returns its record (without ``mfu`` and ratios)."""
     model, tokenizer = make_model("fp32" if name == "eager" else dtype)
@@ -135,9 +182,10 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     else:
         settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": q,
                      "eps": eps, "lr": lr, "seed": seed, "keep_noise": True} for seed in range(runs)]
-        pack = build_pack(model, settings, pad, fused=True, buckets=buckets, graphs=cuda and graphs)
+        pack = build_pack(model, settings, pad, fused=True, buckets=buckets, graphs=cuda and graphs,
+                          width_groups=width_groups)
         layers = pack.runs[0].layers
-        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs)
+        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs, width_groups=width_groups)
     lora = [(layer.in_features, layer.out_features) for layer in layers]
 
     def flops(batches: list[Batch]) -> int:
@@ -148,24 +196,26 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
 
     if runs == 1 and not name.startswith("packed"):
         def one(t: int) -> list[Batch]:
-            batch = bucketed(source(rows, t))
+            batch = bucketed(step_batches(source, 1, rows, t, device)[0])
             method.step(batch, t)
             return [batch]
         timed = _Timed(one)
     else:
         def packed(t: int) -> list[Batch]:
             # each run its own batch, made on the host: the pack assembles them there and copies the result once
-            batches = [source(rows, t * runs + r, device="cpu") for r in range(runs)]
+            batches = step_batches(source, runs, rows, t)
             pack.step({r: (b, t) for r, b in enumerate(batches)})
             return batches
         timed = _Timed(packed)
     times = time_steps(timed, steps, warmup, cuda)
     median = statistics.median(times)
     counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
+    share = real_token_share(timed.batches[warmup:], None if name == "eager" else buckets, width_groups)
     if name != "eager":       # the fused draw is compiled on a GPU unless switched off or not compilable there
         record["noise_compiled"] = compiles_on(device.type)
     record.update(step_s=step_times(times), run_steps_per_s=runs / median,
-                  flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times))
+                  flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times),
+                  real_token_share=share)
     del timed
     release_memory()
     return record
@@ -206,20 +256,22 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
         def source_for(model, tokenizer, task=task):
             return BatchSource(model.config.vocab_size, seq_len, task, tokenizer, device=next(model.parameters()).device)
 
-        def run(config: str, runs: int = 1) -> dict:
-            return measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, runs, graphs)
+        def run(config: str, runs: int = 1, groups: int = 1) -> dict:
+            return measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, runs, graphs,
+                           width_groups=groups)
 
         records = {}
         for config in configs:
-            if config == "packed-max":
-                size, record, stops = largest_pack(lambda r: run("packed-max", r),
+            spec = pack_spec(config)
+            if spec is not None and spec[0] is None:                 # packed-max(-gK)
+                size, record, stops = largest_pack(lambda r: run(config, r, spec[1]),
                                                    8 if device.type == "cuda" else 1, max_pack)
                 if record is None:
                     records[config] = {"config": config, "error": "no pack fit", "stops": stops}
                     continue
                 record["stops"] = stops
-            elif config.startswith("packed-"):
-                record = run(config, int(config.removeprefix("packed-")))
+            elif spec is not None:
+                record = run(config, *spec)
             elif config == "optimised" and graphs and device.type == "cuda":
                 try:
                     record = run(config)
