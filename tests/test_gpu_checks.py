@@ -18,6 +18,9 @@ def test_the_checks_pass_where_they_can_run(tiny_factory):
     assert results["same_uniforms"]["passed"] and results["same_uniforms"]["elements"] > 0
     pack = results["pack_graphs"]        # on the CPU: the buffered pack step run eagerly, equal bit for bit
     assert pack["passed"] and pack["max_loss_or_g_gap"] == 0 and pack["max_b_gap"] == 0 and pack["graphs"] == 2
+    groups = results["group_graphs"]     # two groups a step, their runs changing: one buffered step per width
+    assert groups["passed"] and groups["max_loss_or_g_gap"] == 0 and groups["max_b_gap"] == 0
+    assert groups["graphs"] == 2 and groups["width_groups"] == 2
     assert results["no_host_sync"] == {"passed": None, "why": "not on a GPU"}
     assert results["graphs_match"]["passed"] and results["graphs_match"]["graphs"] is False
     assert results["graphs_match"]["max_loss_or_g_gap"] == 0.0 and results["graphs_match"]["max_b_gap"] == 0.0
@@ -41,3 +44,8 @@ def test_prge_gpu_check_writes_its_record(tiny_folder, tmp_path, capsys):
     assert result["kind"] == "gpu-check" and result["failed"] == [] and "provenance" in result
     assert "no_host_sync: not run here" in capsys.readouterr().out
     assert main(["gpu-check", "--device", "tpu", "--out", str(out)]) == 2
+    assert main(["gpu-check", "--model", str(tiny_folder), "--device", "cpu", "--checks", "group_graphs,same_z",
+                 "--out", str(out)]) == 0
+    assert list(json.loads(out.read_text())["checks"]) == ["group_graphs", "same_z"]
+    assert main(["gpu-check", "--device", "cpu", "--checks", "fast", "--out", str(out)]) == 2
+    assert "--checks: unknown check(s) ['fast']" in capsys.readouterr().err

@@ -33,8 +33,16 @@ class FakeMachine:
 def test_the_stages_in_priority_order(tmp_path):
     check, *stages = sitting.sitting_stages(tmp_path)
     assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
-    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "grids-fp16", "paired-fp32-fp16",
-                                        "fig1-paper", "table1-paper-packed"]
+    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "engine-groups", "grids-fp16",
+                                        "paired-fp32-fp16", "paired-fp32-fp16-more", "fig1-paper",
+                                        "table1-paper-packed"]
+    groups_check, groups_bench = stages.pop(2).commands      # packs in width groups: their graph check, then timed
+    assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs")
+    assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8")
+    assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
+    more = stages.pop(4).commands                            # two more seeds of the paired runs
+    assert [(c[c.index("--seed") + 1], c[c.index("--dtype") + 1]) for c in more] == [
+        ("1", "fp32"), ("1", "fp16"), ("2", "fp32"), ("2", "fp16")]
     bench = stages[0].commands[0]
     assert bench[:3] == ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max")
     assert "--device" in bench and "cuda" in bench and "sst2" in bench and "rte" in stages[1].commands[0]
@@ -57,23 +65,25 @@ def test_the_stages_in_priority_order(tmp_path):
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
-    lines = sitting.plan_lines(stages, tmp_path, time_limit=14)
-    assert lines[0].startswith("1. gpu-check") and "about 1 min; runs" in lines[0]
-    assert lines[2].startswith("2. engine-bench-sst2") and "about 5.5 min; runs" in lines[2]
-    assert any("4. grids-fp16" in line and "runs for up to 2 min, then resumes next time" in line for line in lines)
-    assert any("5. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 657 min in all; time limit 14 min"
+    lines = sitting.plan_lines(stages, tmp_path, time_limit=20)
+    assert lines[0].startswith("1. gpu-check") and "about 1.5 min; runs" in lines[0]
+    assert lines[2].startswith("2. engine-bench-sst2") and "about 2.5 min; runs" in lines[2]
+    assert any("4. engine-groups" in line and "about 6 min; runs" in line for line in lines)
+    # 1.5 + 2.5 + 4.5 + 6 = 14.5 of 20 minutes: the grid (resumable) gets the 5.5 left
+    assert any("5. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
+    assert any("6. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
+    assert lines[-1] == "still to run: about 668 min in all; time limit 20 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
     stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50)
-              if s.name not in ("gpu-check", "engine-bench-rte")][:3]
+              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups")][:3]
     machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
     entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
     assert [argv[0] for argv in machine.ran] == ["bench", "reproduce", "reproduce", "train", "train"]
     assert machine.ran[1][-2:] == ["--time-limit", "16.0"] and machine.ran[2][-2:] == ["--time-limit", "14.0"]
-    assert "FileNotFoundError" in entry["stages"][2]["summary_error"]     # the fake runner wrote no result file
+    assert "ValueError: no seed has both paired result files" in entry["stages"][2]["summary_error"]   # none written
     record = json.loads(stages[0].record_path(tmp_path).read_text())
     assert record["device"] == "NVIDIA H100" and record["minutes"] == 4 and record["commands"][0]["exit"] == 0
     again = FakeMachine({})
@@ -83,7 +93,7 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
 
 
 def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
-    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name not in ("gpu-check", "engine-bench-rte")][:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups")][:3]
     machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
     entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]
@@ -160,8 +170,8 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
 
 def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
-    stages = sitting.sitting_stages(tmp_path, paired_steps=3)
-    paired = stages[4]
+    stages = {s.name: s for s in sitting.sitting_stages(tmp_path, paired_steps=3)}
+    paired = stages["paired-fp32-fp16"]
     results = {"fp32": ([1.0, 0.8, 0.6], 0.02, 0.81), "fp16": ([1.0, 0.75, 0.62], 0.01, 0.83)}
 
     def run(argv):
@@ -178,3 +188,10 @@ def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     assert summary["mean_abs_loss_gap"] == pytest.approx(0.07 / 3) and summary["fp16_speedup"] == pytest.approx(2.0)
     assert summary["fp32_best_val"] == 0.81 and summary["fp16_final"] == pytest.approx(0.82)
     assert (tmp_path / "paired" / "summary.json").is_file()
+    # the next seeds' stage summarizes every seed whose two files are there
+    results["fp32"], results["fp16"] = ([2.0, 1.0, 0.5], 0.02, 0.7), ([2.0, 1.5, 0.5], 0.01, 0.6)
+    more = stages["paired-fp32-fp16-more"]
+    sitting.run_sitting([more], tmp_path, 10, "H200", run, lambda: 0.0, say=lambda s: None)
+    summary = json.loads(more.record_path(tmp_path).read_text())["summary"]["seeds"]
+    assert sorted(summary) == ["0", "1", "2"] and summary["2"]["max_abs_loss_gap"] == pytest.approx(0.5)
+    assert summary["0"]["max_abs_loss_gap"] == pytest.approx(0.05)

@@ -77,12 +77,16 @@ def run_engine_bench(args) -> int:
 
 def run_gpu_check(args) -> int:
     """``prge gpu-check``: the GPU engine's checks (experiments.bench.gpu_checks), recorded with the device."""
-    from prge_lib.experiments.bench.gpu_checks import gpu_checks
+    from prge_lib.experiments.bench.gpu_checks import CHECKS, gpu_checks
     from prge_lib.models.loading import check_device, load_model
 
     check_device(args.device)
+    names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else list(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown or not names:
+        raise ValueError(f"--checks: unknown check(s) {unknown or [args.checks]}; choose from {list(CHECKS)}")
     start = time.perf_counter()
-    checks = gpu_checks(lambda dtype: load_model(args.model, dtype=dtype, device=args.device)[0])
+    checks = gpu_checks(lambda dtype: load_model(args.model, dtype=dtype, device=args.device)[0], names)
     failed = [name for name, check in checks.items() if check["passed"] is False]
     result = {"kind": "gpu-check", "device": args.device, "model": args.model or EMBEDDED, "checks": checks,
               "failed": failed, "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)}
@@ -96,6 +100,7 @@ def run_gpu_check(args) -> int:
 def gpu_check_options(gc) -> None:
     add_config_options(gc, ("model", "device"))
     gc.add_argument("--out", required=True, help="where to write the JSON result")
+    gc.add_argument("--checks", default=None, help="comma-separated checks to run (default: all of them)")
     gc.set_defaults(run=run_gpu_check)
 
 

@@ -54,13 +54,19 @@ class Stage:
         return Path(out) / "stages" / f"{self.name}.json"
 
 
+GROUP_BUCKETS = "16,24,32,48,64,96,128,192,256"     # fine enough that a group of short prompts pads little
+
+
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
-                   device: str = "cuda", model: str | None = None, jetson_steps: int = 300) -> list[Stage]:
+                   device: str = "cuda", model: str | None = None, jetson_steps: int = 300,
+                   more_paired_seeds: Sequence[int] = (1, 2)) -> list[Stage]:
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
-    RTE), 2. the runtime and memory grids in fp16 (INT8/NF4
-    rows only with ``quantized``), 3. the fp32-vs-fp16 paired SST-2 runs, 4. (with ``quantized``) the Jetson
-    path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps`` steps, 5. MeBP's Fig. 1 (WikiText-2
-    curves) at the paper profile, 6. Table 1's paper-profile cells in packs. Result files go under ``out``."""
+    RTE), 2. packs in width groups against one forward (their graph check, then the benchmark with fine
+    buckets), 3. the runtime and memory grids in fp16 (INT8/NF4 rows only with ``quantized``), 4. the
+    fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then ``more_paired_seeds``: three seeds before a claim),
+    5. (with ``quantized``) the Jetson path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps``
+    steps, 6. MeBP's Fig. 1 (WikiText-2 curves) at the paper profile, 7. Table 1's paper-profile cells in packs.
+    Result files go under ``out``."""
     out = Path(out)
     results = str(out / "results")
     common = ["--device", device] + (["--model", model] if model else [])
@@ -72,9 +78,20 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     only = () if quantized else ("--only", "bench-none")
     grids = (("reproduce", "runtime", "--dtype", "fp16", *only, "--results-dir", results, *common),
              ("reproduce", "memory", "--dtype", "fp16", "--results-dir", results, *common))
-    paired = tuple(("train", "--task", "sst2", "--method", "prge", "--steps", str(paired_steps), "--seed", str(seed),
-                    "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"), *common)
-                   for seed in paired_seeds for dtype in ("fp32", "fp16"))
+    def paired(seeds: Sequence[int]) -> tuple[tuple[str, ...], ...]:
+        return tuple(("train", "--task", "sst2", "--method", "prge", "--steps", str(paired_steps), "--seed",
+                      str(seed), "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"),
+                      *common) for seed in seeds for dtype in ("fp32", "fp16"))
+
+    def paired_stage(name: str, seeds: Sequence[int]) -> Stage:
+        return Stage(name, f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds {','.join(map(str, seeds))}",
+                     4.5 * len(seeds), paired(seeds), summarize=lambda folder: paired_summary(folder / "paired"))
+
+    groups = (("gpu-check", "--checks", "pack_graphs,group_graphs", "--out", str(out / "engine_groups_check.json"),
+               *common),
+              ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8", "--task", "sst2,rte",
+               "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS, "--repeats", "10", "--warmup", "3",
+               "--out", str(out / "engine_groups.json"), *common))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
     # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
     jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",
@@ -83,15 +100,16 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                     "--out", str(out / "jetson" / f"sst2_nf4_fp16_q{q}.json"), *common) for q in (4, 16))
     check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
     return [Stage("gpu-check", "the engine's checks on the device (uniforms and z against the CPU, no host sync, "
-                  "graphs, pack graphs, fp16 base)", 1.0,
+                  "graphs, pack graphs, fp16 base)", 1.5,
                   (check,)),
-            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed", 5.5,
-                    (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
+            *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed",
+                    {"sst2": 2.5, "rte": 4.5}[task], (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
+            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, SST-2 and RTE (graph check first)",
+                  6.0, groups),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
-            Stage("paired-fp32-fp16", f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds "
-                  f"{','.join(map(str, paired_seeds))}", 5.0 * len(paired_seeds), paired,
-                  summarize=lambda folder: paired_summary(folder / "paired", paired_seeds)),
+            paired_stage("paired-fp32-fp16", paired_seeds),
+            *([paired_stage("paired-fp32-fp16-more", more_paired_seeds)] if more_paired_seeds else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
             Stage("fig1-paper", "MeBP Fig. 1 at the paper profile: MeBP 500, MeZO and P-RGE 5000 WikiText-2 steps",
@@ -195,10 +213,22 @@ def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: s
     return entry
 
 
-def paired_summary(folder: Path, seeds: Sequence[int]) -> dict:
-    """fp16 against fp32 from the paired runs' result files (``sst2_<dtype>_seed<s>.json`` in ``folder``), per seed:
-    the largest and mean |Δ loss| over the steps, the test accuracy of each at its best validation step and at
-    the end, median seconds per step and their ratio; written to ``summary.json`` there as well."""
+def paired_seeds_in(folder: Path) -> list[int]:
+    """The seeds with both paired result files (``sst2_fp32_seed<s>.json`` and ``sst2_fp16_seed<s>.json``)."""
+    found = {dtype: {int(p.stem.rsplit("seed", 1)[1]) for p in Path(folder).glob(f"sst2_{dtype}_seed*.json")
+                     if p.stem.rsplit("seed", 1)[1].isdigit()} for dtype in ("fp32", "fp16")}
+    return sorted(found["fp32"] & found["fp16"])
+
+
+def paired_summary(folder: Path, seeds: Sequence[int] | None = None) -> dict:
+    """fp16 against fp32 from the paired runs' result files (``sst2_<dtype>_seed<s>.json`` in ``folder``; every
+    seed with both by default), per seed: the largest and mean |Δ loss| over the steps, the test accuracy of each
+    at its best validation step and at the end, median seconds per step and their ratio; written to
+    ``summary.json`` there as well."""
+    seeds = paired_seeds_in(folder) if seeds is None else list(seeds)
+    if not seeds:
+        raise ValueError(f"no seed has both paired result files (sst2_fp32_seed<s>.json, sst2_fp16_seed<s>.json) "
+                         f"in {folder}")
     seeds_out = {}
     for seed in seeds:
         runs = {dtype: upgrade_record(json.loads((Path(folder) / f"sst2_{dtype}_seed{seed}.json").read_text()))

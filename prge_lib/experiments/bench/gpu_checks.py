@@ -9,6 +9,9 @@ first stage of a GPU sitting). On the CPU the same checks run where they can (te
     graphs_match     steps replayed as CUDA graphs give the losses, g and B of the fused step
     pack_graphs      a pack of runs replayed as CUDA graphs gives the records and B's of the same fused pack
                      stepped without graphs (all runs, then some of them)
+    group_graphs     a pack stepped in width groups (Pack.width_groups) and replayed as CUDA graphs, its groups
+                     changing runs from step to step, gives the records and B's of the same grouped pack without
+                     graphs (one graph per number of runs and shape, its runs read from buffers)
     fp16_adapter     with an fp16 base, B and the update stay fp32 and the step's losses are finite
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ from prge_lib.zo.packing import build_pack
 from prge_lib.zo.prge import step_seeds
 from prge_lib.zo.prng import compiles_on, counter_uniforms, tensor_key
 
-CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "pack_graphs", "fp16_adapter")
+CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "pack_graphs", "group_graphs", "fp16_adapter")
 
 
 def _adapted(make_model: Callable[[str], torch.nn.Module], dtype: str = "fp32", r: int = 16):
@@ -109,22 +112,38 @@ def graphs_match(make_model, steps: int = 3) -> dict:
             "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
 
 
-def pack_graphs(make_model, runs: int = 4, steps: int = 3) -> dict:
-    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2,
+def _packs_agree(make_model, steps: list[dict[int, int]], width_groups: int = 1) -> dict:
+    """The same fused pack with and without CUDA graphs over ``steps`` (each: run → its batch length), with its
+    largest gaps in the records (loss, g) and in the B's."""
+    runs = 1 + max(r for step in steps for r in step)
+    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2 * (1 + r % 2),
                  "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
-    packs = [build_pack(make_model("fp32"), settings, pad_id=0, fused=True, graphs=graphs) for graphs in (False, True)]
+    packs = [build_pack(make_model("fp32"), settings, pad_id=0, fused=True, graphs=graphs, width_groups=width_groups)
+             for graphs in (False, True)]
     model = packs[0].model
     worst_loss = 0.0
-    for t in range(steps + 1):
-        order = list(range(runs)) if t < steps else list(range(0, runs, 2))       # then some runs only
-        work = {r: (_batch(model), t) for r in order}
+    for t, lengths in enumerate(steps):
+        work = {r: (_batch(model, length=n), t) for r, n in lengths.items()}
         plain, graphed = (pack.step(work) for pack in packs)
-        worst_loss = max(worst_loss, *(abs(a - b) for r in order for a, b in
+        worst_loss = max(worst_loss, *(abs(a - b) for r in work for a, b in
                                        zip([plain[r]["loss"], *plain[r]["projected_grad"]],
                                            [graphed[r]["loss"], *graphed[r]["projected_grad"]])))
     worst_b = float((packs[0].flat - packs[1].flat).abs().max())
     return {"passed": worst_loss <= 1e-5 and worst_b <= 1e-6, "runs": runs, "graphs": len(packs[1].buffered),
             "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
+
+
+def pack_graphs(make_model, runs: int = 4, steps: int = 3) -> dict:
+    every, some = {r: 32 for r in range(runs)}, {r: 32 for r in range(0, runs, 2)}      # then some runs only
+    return _packs_agree(make_model, [every] * steps + [some])
+
+
+def group_graphs(make_model) -> dict:
+    """Four runs in two width groups; the runs of each group change from step to step (so its graph replays
+    for other runs), and so do the groups' widths."""
+    lengths = [(16, 32, 16, 32), (32, 16, 32, 16), (16, 16, 32, 32), (32, 32, 16, 16)]
+    return {**_packs_agree(make_model, [dict(enumerate(step)) for step in lengths], width_groups=2),
+            "width_groups": 2}
 
 
 def fp16_adapter(make_model) -> dict:
