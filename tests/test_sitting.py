@@ -195,3 +195,24 @@ def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     summary = json.loads(more.record_path(tmp_path).read_text())["summary"]["seeds"]
     assert sorted(summary) == ["0", "1", "2"] and summary["2"]["max_abs_loss_gap"] == pytest.approx(0.5)
     assert summary["0"]["max_abs_loss_gap"] == pytest.approx(0.05)
+
+
+def test_a_kept_folder_carries_a_sitting_across_fresh_copies_of_the_repository(tmp_path):
+    """--keep: what a command's output folder holds is copied into a folder that outlives it, and the next
+    command (its output folder empty again) starts from it: done stages stay done, the log grows."""
+    keep, first, second = tmp_path / "keep", tmp_path / "copy1" / "out", tmp_path / "copy2" / "out"
+    stages = [s for s in sitting.sitting_stages(first) if s.name in ("engine-bench-sst2", "engine-bench-rte")]
+    machine = FakeMachine({"bench": 2})
+    sitting.run_sitting(stages[:1], first, 10, "H200", machine.run, machine.clock, say=lambda s: None)
+    sitting.keep_log(first, keep)
+    assert sitting.mirror_missing(keep, second) == ["sitting.json", "stages/engine-bench-sst2.json"]
+    stages = [s for s in sitting.sitting_stages(second) if s.name in ("engine-bench-sst2", "engine-bench-rte")]
+    machine = FakeMachine({"bench": 2})
+    entry = sitting.run_sitting(stages, second, 10, "H200", machine.run, machine.clock, say=lambda s: None)
+    assert [s["status"] for s in entry["stages"]] == ["done before", "finished"] and len(machine.ran) == 1
+    sitting.keep_log(second, keep)
+    assert len(json.loads((keep / "sitting.json").read_text())) == 2
+    assert (keep / "stages" / "engine-bench-rte.json").is_file()
+    (second / "stages" / "engine-bench-rte.json").write_text("{}")      # a file the target has stays as it is
+    assert sitting.mirror_missing(keep, second) == [] and (second / "stages" / "engine-bench-rte.json").read_text() == "{}"
+    assert sitting.mirror_missing(tmp_path / "nothing", second) == []

@@ -61,6 +61,10 @@ def main(argv=None) -> int:
     parser.add_argument("--paired-seeds", default="0", help="seeds of the paired runs, comma-separated")
     parser.add_argument("--model", default=None, help="hub id or local folder (default: the embedded model)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="a folder that outlives the command (e.g. under /tmp on a machine whose repository copy "
+                             "is made afresh for each command): its files restore --out's before the plan, and "
+                             "--out's are copied back into it at the end, so stages done stay done")
     args = parser.parse_args(argv)
     if args.carry_plan:
         return carry_plan(Path(args.carry_plan), args.copy_mib)
@@ -79,6 +83,9 @@ def main(argv=None) -> int:
     stages = sitting.sitting_stages(Path(args.out), quantized=env["modules"]["bitsandbytes"],
                                     paired_steps=args.paired_steps, paired_seeds=seeds, device=args.device,
                                     model=args.model)
+    if args.keep:
+        restored = sitting.mirror_missing(Path(args.keep), Path(args.out))
+        print(f"gpu_sitting: {len(restored)} files restored from {args.keep}")
     if args.only:
         wanted = [n.strip() for n in args.only.split(",")]
         unknown = [n for n in wanted if n not in [s.name for s in stages]]
@@ -94,7 +101,11 @@ def main(argv=None) -> int:
         return 0
     if env["problems"]:
         return 2
-    sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device))
+    try:
+        sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device))
+    finally:
+        if args.keep:
+            sitting.keep_log(Path(args.out), Path(args.keep))
     left = [s.name for s in stages if not sitting.is_done(s, Path(args.out))]
     print(f"gpu_sitting: {len(stages) - len(left)} of {len(stages)} stages done"
           + (f"; still to run: {', '.join(left)} (the same command continues)" if left else ""))

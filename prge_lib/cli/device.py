@@ -96,7 +96,9 @@ def run_bundle_build(args) -> int:
         return [n.strip() for n in (text or "").split(",") if n.strip()]
 
     settings = bundle.plan(args.profile, names(args.with_wheels), names(args.skip_installed_on_box), args.python,
-                           args.platform)
+                           args.platform, names(args.without))
+    for name in settings["without"]:
+        print(f"prge: {name} is left out (--without): what needs it will not run on the machine", file=sys.stderr)
     for item in settings.pop("skipped"):
         print(f"prge: {item} is left out: the machine has it (--skip-installed-on-box or the profile)",
               file=sys.stderr)
@@ -264,4 +266,7 @@ def bundle_options(bu) -> None:
                        help="more wheels, comma-separated (names or requirements)")
     build.add_argument("--skip-installed-on-box", default=None, metavar="NAMES",
                        help="packages the machine has, comma-separated (besides the profile's): not downloaded")
+    build.add_argument("--without", default=None, metavar="NAMES",
+                       help="profile wheels to leave out although the machine lacks them, comma-separated (e.g. "
+                            "bitsandbytes for a sitting with no INT8/NF4 run: one copy fewer)")
     build.set_defaults(run=run_bundle_build)

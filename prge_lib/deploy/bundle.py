@@ -110,18 +110,26 @@ def resolve_wheels(names, skip, pinned: dict[str, str]) -> tuple[list[str], list
     return list(wanted.values()), skipped
 
 
-def plan(profile: str, extra=(), has=(), python: str | None = None, platforms=None) -> dict:
+def plan(profile: str, extra=(), has=(), python: str | None = None, platforms=None, without=()) -> dict:
     """The bundle a profile asks for: its wheels and ``extra`` (names take the version pyproject requires, or
-    the latest; ``name==version`` pins one), less what the machine has (the profile's ``has`` and ``has``).
-    Returns the keyword arguments of :func:`build_bundle` and ``skipped`` (requested but on the machine)."""
+    the latest; ``name==version`` pins one), less what the machine has (the profile's ``has`` and ``has``) and
+    less ``without`` (profile wheels left out on purpose: what needs them will not run there, e.g. a sitting
+    without INT8/NF4 rows carries no bitsandbytes). Returns the keyword arguments of :func:`build_bundle` and
+    ``skipped`` (requested but on the machine)."""
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
     chosen = PROFILES[profile]
+    left_out = sorted({normalize(n) for n in without})
+    unknown = [n for n in left_out if n not in {normalize(requirement_name(w)) for w in chosen.wheels}]
+    if unknown:
+        raise ValueError(f"--without {','.join(unknown)}: not among the {profile} profile's wheels "
+                         f"({', '.join(requirement_name(w) for w in chosen.wheels)})")
     on_box = [*chosen.has, *has]
     pinned = project_requirements(REPO) if REPO else {}
-    wheels, skipped = resolve_wheels([*chosen.wheels, *extra], on_box, pinned)
+    wanted = [w for w in [*chosen.wheels, *extra] if normalize(requirement_name(w)) not in left_out]
+    wheels, skipped = resolve_wheels(wanted, on_box, pinned)
     return {"wheels": wheels, "has": sorted({normalize(n) for n in on_box}), "skipped": skipped,
-            "python": python or chosen.python, "platforms": tuple(platforms or chosen.platforms)}
+            "without": left_out, "python": python or chosen.python, "platforms": tuple(platforms or chosen.platforms)}
 
 
 def pip_download(requirement: str, dest: Path, *, python: str, platforms: list[str]) -> Path:
@@ -199,14 +207,14 @@ def _check_out_folder(out: Path) -> bool:
 
 
 def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_28_x86_64",),
-                 part_bytes: int = DEFAULT_PART_MIB << 20, has=(), project: bool = True,
+                 part_bytes: int = DEFAULT_PART_MIB << 20, has=(), without=(), project: bool = True,
                  download: Callable | None = None, build_project: Callable | None = None,
                  say: Callable[[str], None] = lambda line: None) -> dict:
     """Write the bundle into the folder ``out``: the wheels of the requirements ``wheels`` (``download``) and,
     with ``project``, this project's wheel (``build_project``; by default :func:`pip_download` and
     :func:`pip_wheel_project`), split into parts of at most ``part_bytes``;
     ``MANIFEST.json``; ``install.py``. ``has`` names what the machine already has (recorded, and checked by
-    ``install.py`` as a note). The bundle is assembled beside ``out`` and moved into place at the end, so a
+    ``install.py`` as a note); ``without``, what was left out on purpose (recorded as ``left_out``). The bundle is assembled beside ``out`` and moved into place at the end, so a
     failure leaves an earlier bundle there untouched. Returns the manifest."""
     if not re.fullmatch(r"3\.\d+", python):
         raise ValueError(f"--python {python!r}: give the machine's Python as 3.N (e.g. 3.12)")
@@ -235,7 +243,7 @@ def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_2
             raise RuntimeError(f"two requirements gave the same wheel: {names}")
         manifest = {"format": bundle_install.FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "python": python, "implementation": "cp", "platforms": tags, "part_bytes": part_bytes,
-                    "assumed_on_box": sorted(has), "project_commit": git_commit(REPO) if project else None,
+                    "assumed_on_box": sorted(has), "left_out": sorted(without), "project_commit": git_commit(REPO) if project else None,
                     "files": files}
         (staging / bundle_install.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.copyfile(bundle_install.__file__, staging / "install.py")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -211,6 +212,32 @@ def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: s
     sittings = json.loads(log.read_text()) if log.is_file() else []
     log.write_text(json.dumps(sittings + [entry], indent=1) + "\n")
     return entry
+
+
+def mirror_missing(source: Path, target: Path) -> list[str]:
+    """Copy every file under ``source`` that ``target`` lacks into ``target`` (same relative path); files
+    ``target`` has stay. Returns the relative paths copied. A sitting uses it both ways (``--keep``): at its
+    start from a folder that outlives the command into its output folder, at its end back."""
+    source, target = Path(source), Path(target)
+    copied = []
+    if not source.is_dir():
+        return copied
+    for path in sorted(source.rglob("*")):
+        if path.is_file():
+            relative = path.relative_to(source)
+            if not (target / relative).exists():
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target / relative)
+                copied.append(str(relative))
+    return copied
+
+
+def keep_log(out: Path, keep: Path) -> None:
+    """After a sitting: its output folder copied into ``keep``, the log ``sitting.json`` replaced by the output
+    folder's (which holds the kept entries it started from, and this sitting's)."""
+    mirror_missing(out, keep)
+    if (Path(out) / "sitting.json").is_file():
+        shutil.copy2(Path(out) / "sitting.json", Path(keep) / "sitting.json")
 
 
 def paired_seeds_in(folder: Path) -> list[int]:
