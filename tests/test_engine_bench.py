@@ -127,3 +127,38 @@ def test_prge_bench_configs_writes_a_result(tiny_folder, tmp_path):
     assert main(["bench", "--configs", "turbo", "--out", str(out)]) == 2
     assert main(["bench", "--configs", "eager", "--task", "nope", "--out", str(out)]) == 2
     assert main(["bench", "--out", str(out)]) == 2
+
+
+def test_a_profiled_step_says_where_its_time_went(tiny_factory, tokenizer):
+    """On the CPU the profile ranks operators; their self times add up to the total and split by kind, and the
+    step's products are there as matmul work."""
+    from prge_lib.experiments.bench.profile import kind_of
+
+    def make_model(dtype):
+        return tiny_factory(0, 1), tokenizer
+
+    result = engine_bench(make_model, ["optimised", "packed-2"], ["sst2"], q=2, E=4, seq_len=48, buckets=(32, 64),
+                          dtype="fp32", steps=1, warmup=1, progress=lambda line: None, profile=True)
+    for record in result["tasks"]["sst2"]["configs"].values():
+        profile = record["profile"]
+        assert profile["where"] == "CPU operators (self time)" and profile["total_ms"] > 0
+        assert sum(k["ms"] for k in profile["kinds"].values()) == pytest.approx(profile["total_ms"])
+        assert sum(k["share"] for k in profile["kinds"].values()) == pytest.approx(1.0)
+        assert profile["kinds"]["matmul"]["ms"] > 0 and 0 < len(profile["top"]) <= 15
+        assert all(row["kind"] == kind_of(row["name"]) for row in profile["top"])
+        assert [row["ms"] for row in profile["top"]] == sorted((row["ms"] for row in profile["top"]), reverse=True)
+    json.dumps(result)
+
+
+def test_kernels_and_operators_are_sorted_into_kinds():
+    from prge_lib.experiments.bench.profile import kind_of
+
+    assert kind_of("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kind_of("aten::baddbmm") == "matmul" and kind_of("aten::bmm") == "matmul"
+    assert kind_of("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn") == "matmul"
+    assert kind_of("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>") == "attention"
+    assert kind_of("fmha_cutlassF_f16_aligned_64x64_rf_sm80") == "attention"
+    assert kind_of("triton_poi_fused_add_bitwise_xor_mul_0") == "compiled"
+    assert kind_of("Memcpy HtoD (Pageable -> Device)") == "copy" and kind_of("aten::copy_") == "copy"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>") == "other"
+    assert kind_of("aten::mul") == "other"

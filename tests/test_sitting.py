@@ -40,6 +40,7 @@ def test_the_stages_in_priority_order(tmp_path):
     assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs")
     assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8")
     assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
+    assert "--profile" in groups_bench                       # and where each configuration's step spends its time
     more = stages.pop(4).commands                            # two more seeds of the paired runs
     assert [(c[c.index("--seed") + 1], c[c.index("--dtype") + 1]) for c in more] == [
         ("1", "fp32"), ("1", "fp16"), ("2", "fp32"), ("2", "fp16")]

@@ -66,7 +66,8 @@ def run_engine_bench(args) -> int:
     result = engine_bench(lambda dtype: load_model(args.model, dtype=dtype, device=args.device), configs, tasks,
                           q=q, E=args.E, seq_len=args.seq_len, buckets=buckets, dtype=args.dtype,
                           steps=args.repeats, warmup=args.warmup, max_pack=args.max_pack,
-                          graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr))
+                          graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr),
+                          profile=args.profile)
     result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
                    "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "batches": "real training batches (prompts cut to --seq-len)", "repeats": args.repeats,
@@ -132,6 +133,9 @@ def bench_options(be) -> None:
     be.add_argument("--buckets", default="64,128,256", help="--configs: the length buckets of the optimised steps")
     be.add_argument("--max-pack", type=int, default=256, help="--configs: the largest pack packed-max tries")
     be.add_argument("--no-graphs", action="store_true", help="--configs: the optimised step without CUDA graphs")
+    be.add_argument("--profile", action="store_true",
+                    help="--configs: run one step of each configuration again under torch.profiler and record "
+                         "where its time went (GPU kernels on a GPU, operators on the CPU; by kind and the top 15)")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
     be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
     be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")

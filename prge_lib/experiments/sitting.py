@@ -92,7 +92,7 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                *common),
               ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8", "--task", "sst2,rte",
                "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS, "--repeats", "10", "--warmup", "3",
-               "--out", str(out / "engine_groups.json"), *common))
+               "--profile", "--out", str(out / "engine_groups.json"), *common))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
     # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
     jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",

@@ -25,6 +25,7 @@ import torch
 
 from prge_lib.common.measure import release_memory, time_steps
 from prge_lib.experiments.bench.methods import BatchSource
+from prge_lib.experiments.bench.profile import profile_step
 from prge_lib.models.buckets import bucket_length, to_bucket
 from prge_lib.models.objective import IGNORE, Batch
 from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
@@ -160,9 +161,11 @@ class _Timed:
 
 def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable, dtype: str, q: int, E: int,
             buckets: Sequence[int] | None, steps: int, warmup: int, runs: int = 1, graphs: bool = True,
-            eps: float = 1e-2, lr: float = 1e-9, width_groups: int = 1) -> dict:
+            eps: float = 1e-2, lr: float = 1e-9, width_groups: int = 1, profile: bool = False) -> dict:
     """Time one configuration on a fresh model from ``make_model(dtype)``; ``source_for(model, tokenizer)``
-    gives its batch source (rows, t) → Batch. Returns its record (without ``mfu`` and ratios)."""
+    gives its batch source (rows, t) → Batch. Returns its record (without ``mfu`` and ratios); with
+    ``profile``, the first timed step run once more under the profiler (``profile``: where its time went,
+    :func:`~prge_lib.experiments.bench.profile.profile_step`; its shapes are recorded already)."""
     model, tokenizer = make_model("fp32" if name == "eager" else dtype)
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
@@ -216,6 +219,8 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     record.update(step_s=step_times(times), run_steps_per_s=runs / median,
                   flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times),
                   real_token_share=share)
+    if profile:
+        record["profile"] = profile_step(lambda: timed(warmup), cuda)
     del timed
     release_memory()
     return record
@@ -240,10 +245,11 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                  q: int = 4, E: int = 16, seq_len: int = 256,
                  buckets: Sequence[int] | None = (64, 128, 256), dtype: str = "fp16", steps: int = 5,
                  warmup: int = 2, max_pack: int = 256, graphs: bool = True,
-                 progress: Callable[[str], None] = print) -> dict:
+                 progress: Callable[[str], None] = print, profile: bool = False) -> dict:
     """Measure ``configs`` on real training batches of each of ``tasks`` (prompts cut to ``seq_len``) and
     return, per task, each configuration's record with its ``mfu`` and its ratios to ``eager`` (when
-    measured), plus the device's name and peak. ``make_model(dtype)`` returns (model, tokenizer) on the device
+    measured), plus the device's name and peak (with ``profile``, each record's ``profile``: :func:`measure`).
+    ``make_model(dtype)`` returns (model, tokenizer) on the device
     to measure."""
     configs = list(configs)
     probe, _ = make_model("fp32")
@@ -258,7 +264,7 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
 
         def run(config: str, runs: int = 1, groups: int = 1) -> dict:
             return measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, runs, graphs,
-                           width_groups=groups)
+                           width_groups=groups, profile=profile)
 
         records = {}
         for config in configs:
