@@ -177,7 +177,8 @@ def test_list_marks_the_cells_priced_as_packed(fixture_data, tiny_folder, tmp_pa
     done.result_path(tmp_path / "res").parent.mkdir(parents=True)
     done.result_path(tmp_path / "res").write_text(json.dumps(measured))
     assert rp.pack_step_share("cpu", tmp_path / "res")[0] == pytest.approx(0.5)
-    assert rp.pack_step_share("cuda", tmp_path / "res")[1] == rp.PACK_ASSUMPTION       # another device
+    # another device, without packed results or engine benchmarks of its own
+    assert rp.pack_step_share("cuda", tmp_path / "res", benches=tmp_path / "res")[1] == rp.PACK_ASSUMPTION
     listing = rp.list_cells(cells, tmp_path / "res", tmp_path / "ck", pack=3)
     assert "measured on cpu in 1 packed results" in listing.splitlines()[-1]
     assert listing.count("packed ×2") == 2                                  # the two cells left share a pack
@@ -204,3 +205,33 @@ def test_pack_options_are_checked(tmp_path, capsys):
     assert rp.plan_packs(cells, 1) == [[c] for c in cells]
     gpu = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0", device="cuda")
     assert rp.pack_key(gpu[0]) != rp.pack_key(cells[[c.name for c in cells].index(gpu[0].name)])
+
+
+def test_without_a_packed_result_a_gpu_pack_is_priced_from_the_engine_benchmark(tmp_path):
+    """The engine benchmark measures an optimised run and packs in one process: a packed run's share of a step
+    is the optimised run-steps/s over the pack's, for packs of the size asked where measured, from the newest
+    benchmark of each task; width-grouped packs and CPU benchmarks do not price a GPU pack."""
+    def bench(device, finished, tasks):
+        return {"kind": "engine-bench", "device": device, "provenance": {"finished_at": finished},
+                "tasks": {task: {"configs": configs} for task, configs in tasks.items()}}
+
+    def rate(runs, per_s, groups=1):
+        return {"runs": runs, "run_steps_per_s": per_s, "width_groups": groups}
+
+    old = bench("NVIDIA H200", "2026-11-26T20:40:00+0000",
+                {"sst2": {"optimised": rate(1, 60.0), "packed-8": rate(8, 30.0)}})
+    new = bench("NVIDIA H200", "2026-11-27T03:05:00+0000",
+                {"sst2": {"optimised": rate(1, 70.0), "packed-8": rate(8, 140.0), "packed-32": rate(32, 175.0),
+                          "packed-8-g4": rate(8, 700.0, 4)},
+                 "rte": {"optimised": rate(1, 40.0), "packed-8": rate(8, 50.0)}})
+    cpu = bench("cpu (2 threads)", "2026-11-27T04:00:00+0000", {"sst2": {"optimised": rate(1, 1.0),
+                                                                         "packed-8": rate(8, 4.0)}})
+    for name, data in (("one/engine_bench_sst2.json", old), ("two/engine_bench.json", new), ("cpu.json", cpu)):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(data))
+    assert sorted(rp.bench_pack_shares("cuda", 8, tmp_path)) == pytest.approx([0.5, 0.8])   # newest SST-2: 70/140
+    assert sorted(rp.bench_pack_shares("cuda", 16, tmp_path)) == pytest.approx([0.4, 0.5, 0.8])  # no 16: every pack
+    assert rp.bench_pack_shares("cpu", 8, tmp_path) == pytest.approx([0.25])
+    share, how = rp.pack_step_share("cuda", tmp_path / "no-results", runs=8, benches=tmp_path)
+    assert share == pytest.approx(0.65) and "engine benchmarks" in how and "0.65" in how
+    assert rp.pack_step_share("mps", tmp_path / "no-results", runs=8, benches=tmp_path)[1] == rp.PACK_ASSUMPTION

@@ -152,14 +152,47 @@ def device_kind(config: dict) -> str:
     return str(config.get("device") or "cpu").split(":")[0]
 
 
-def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
+def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESULTS) -> list[float]:
+    """A packed run's share of an optimised run's step, from the engine benchmarks (``prge bench --configs``,
+    kind "engine-bench") under ``benches`` made on a ``device`` of this kind: per task, from the newest
+    benchmark of that task (an older one measured an older engine), the optimised run's run-steps per second
+    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group). Empty
+    where no benchmark of that device has both."""
+    newest: dict[str, tuple[str, list[float]]] = {}
+    for path in sorted(Path(benches).rglob("*.json")):
+        try:
+            bench = read_if_present(path)
+            if bench.get("kind") != "engine-bench":
+                continue
+            name = str(bench["device"])
+            if (device == "cpu") != name.startswith("cpu") or (device != "cpu" and device != "cuda"):
+                continue
+            when = str(bench["provenance"]["finished_at"])
+            for task, measured in bench["tasks"].items():
+                records = measured["configs"]
+                alone = records.get("optimised", {}).get("run_steps_per_s")
+                packs = {r["runs"]: r["run_steps_per_s"] for k, r in records.items()
+                         if k.startswith("packed-") and r.get("width_groups", 1) == 1 and "run_steps_per_s" in r}
+                chosen = [packs[runs]] if runs in packs else list(packs.values())
+                shares = [alone / rate for rate in chosen if alone and rate]
+                if shares and (task not in newest or when > newest[task][0]):
+                    newest[task] = (when, shares)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):   # not an engine benchmark
+            continue
+    return [share for _, shares in newest.values() for share in shares]
+
+
+def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = None,
+                    benches: Path = RESULTS) -> tuple[float, str]:
     """(What a packed cell's steps cost, as a fraction of its solo steps; where that figure comes from).
 
     Measured: a packed result records its pack's step (``step_s`` of a packed run is the whole pack's step)
     and the pack's size R, so one run's share of a step is the median step / R; divided by that run's solo step
     (:func:`step_seconds`), it is the fraction that carries over to another cell. The median over the packed
     results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
-    a run's share is taken not to depend on R). Without one: :data:`PACK_ASSUMPTION`, a share of 1."""
+    a run's share is taken not to depend on R). Without one, the engine benchmarks of that device
+    (:func:`bench_pack_shares`, packs of ``runs`` where measured) give the share of one optimised run's step;
+    without those either: :data:`PACK_ASSUMPTION`, a share of 1."""
     shares = []
     for path in sorted(Path(results).rglob("*.json")):
         try:
@@ -171,7 +204,13 @@ def pack_step_share(device: str, results: Path = RESULTS) -> tuple[float, str]:
         except (OSError, ValueError, KeyError, TypeError):     # not a packed training result: not a measure
             continue
     if not shares:
-        return 1.0, PACK_ASSUMPTION
+        benched = bench_pack_shares(device, runs, benches)
+        if not benched:
+            return 1.0, PACK_ASSUMPTION
+        share = statistics.median(benched)
+        return share, (f"no packed result on {device}; its engine benchmarks (prge bench --configs, "
+                       f"{len(benched)} pack and task pairs) give a packed run {share:.2g} of an optimised "
+                       f"run's step")
     share = statistics.median(shares)
     return share, (f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step is "
                    f"{share:.2g} of its solo step")

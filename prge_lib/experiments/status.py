@@ -54,7 +54,7 @@ def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | 
     units = [unit for unit in plan_packs(todo, pack) if len(unit) > 1]
     packed = {cell.name: (len(unit), k) for k, unit in enumerate(units, 1) for cell in unit}
     devices = dict.fromkeys(device_kind(cell.config()) for cell in todo if cell.name in packed)
-    pack_shares = {device: pack_step_share(device, results) for device in devices}
+    pack_shares = {device: pack_step_share(device, results, runs=pack) for device in devices}
     elsewhere = {device: device_shares(device, results)
                  for device in dict.fromkeys(device_kind(cell.config()) for cell in cells) if device != "cpu"}
     seconds = []
