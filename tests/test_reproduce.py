@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from prge_lib.experiments import reproduce as rp
+from prge_lib.training.config import TrainConfig
 from prge_lib.experiments import runner
 from prge_lib.cli.main import main
 
@@ -340,6 +341,28 @@ def test_device_runs_the_same_cell():
     saved = {"config": dict(gpu.config())}
     assert rp.cell_matches(cpu, saved) == [] and rp.cell_matches(gpu, {"config": dict(cpu.config())}) == []
     assert rp.cell_matches(cpu, {"config": dict(gpu.config(), lr=1e-4)}) == ["lr"]
+
+
+def test_a_gpu_runs_the_papers_budget_with_the_optimised_engine():
+    """At the paper profile a GPU's ZO LoRA-FA cells replay their steps as CUDA graphs over fine length buckets
+    (chapter 5); the CPU's cells and the other methods are as they were, and the cell stays the same cell."""
+    gpu = {c.name: c for c in rp.grid_cells("table1", "paper", device="cuda") if c.kind == "train"}
+    cpu = {c.name: c for c in rp.grid_cells("table1", "paper") if c.kind == "train"}
+    assert gpu.keys() == cpu.keys()
+    engine = {"buckets": "16,24,32,48,64,96,128,192,256,384,512,768,1024", "cuda_graphs": True}
+    for name, cell in gpu.items():
+        config = cell.config()
+        if config["method"] in ("prge", "mezo-lorafa"):
+            assert {k: config.get(k) for k in engine} == engine, name
+            resolved = TrainConfig(**config).resolved()
+            assert (resolved.engine, resolved.noise, resolved.cuda_graphs) == ("fused", "counter", True)
+        else:
+            assert "buckets" not in config and "cuda_graphs" not in config, name
+        assert "buckets" not in cpu[name].config() and "cuda_graphs" not in cpu[name].config()
+        assert rp.cell_matches(cpu[name], {"config": dict(config)}) == []         # the GPU's result is the cell's
+        assert rp.cell_matches(cell, {"config": dict(cpu[name].config())}) == []
+    with_graphs, = rp.grid_cells("table1", "cpu", only="rte/prge-q4-E16_lr1e-3_seed0", device="cuda")
+    assert "cuda_graphs" not in with_graphs.config()          # the cpu profile on a GPU runs as it did
 
 
 def test_a_malformed_result_is_refused_by_the_schema():

@@ -191,8 +191,10 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
     (:func:`step_seconds`), it is the fraction that carries over to another cell. The median over the packed
     results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
     a run's share is taken not to depend on R). Without one, the engine benchmarks of that device
-    (:func:`bench_pack_shares`, packs of ``runs`` where measured) give the share of one optimised run's step;
-    without those either: :data:`PACK_ASSUMPTION`, a share of 1."""
+    (:func:`bench_pack_shares`, packs of ``runs`` where measured) give the share of one optimised run's step,
+    which times the device's solo share of a CPU step (:func:`device_shares`, its median over methods; 1 without
+    solo results there) is the fraction of the CPU price; without benchmarks either: :data:`PACK_ASSUMPTION`, a
+    share of 1."""
     shares = []
     for path in sorted(Path(results).rglob("*.json")):
         try:
@@ -208,9 +210,11 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         if not benched:
             return 1.0, PACK_ASSUMPTION
         share = statistics.median(benched)
-        return share, (f"no packed result on {device}; its engine benchmarks (prge bench --configs, "
-                       f"{len(benched)} pack and task pairs) give a packed run {share:.2g} of an optimised "
-                       f"run's step")
+        solo = device_shares(device, results)["any"]
+        return share * (solo or 1.0), (
+            f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(benched)} pack and "
+            f"task pairs) give a packed run {share:.2g} of an optimised run's step, times "
+            + (f"{solo:.2g}, its solo steps' share of the CPU's" if solo else "1 (no solo result there)"))
     share = statistics.median(shares)
     return share, (f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step is "
                    f"{share:.2g} of its solo step")

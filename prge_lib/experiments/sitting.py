@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from prge_lib.models.buckets import FINE_BUCKETS
 from prge_lib.training.records import upgrade_record
 
 from prge_lib.common.paths import REPO
@@ -55,7 +56,7 @@ class Stage:
         return Path(out) / "stages" / f"{self.name}.json"
 
 
-GROUP_BUCKETS = "16,24,32,48,64,96,128,192,256"     # fine enough that a group of short prompts pads little
+GROUP_BUCKETS = ",".join(map(str, FINE_BUCKETS))     # fine enough that a group of short prompts pads little
 
 
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),

@@ -7,6 +7,10 @@ from typing import Sequence
 
 from prge_lib.models.objective import Batch, fit_width
 
+# fine enough that short prompts pad little (SST-2's median prompt is 15 tokens), long enough for every task's
+# longest prompt (RTE's reach 310 tokens): what a GPU run's CUDA graphs are recorded for (chapter 5)
+FINE_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
 
 def parse_buckets(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
     """``"32,64,128"`` (or a sequence of ints) as sorted distinct lengths; None or "" for no buckets. A length
