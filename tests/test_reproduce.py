@@ -192,6 +192,14 @@ def test_only_a_whole_cell_name_selects_that_cell_and_other_profiles_keep_their_
     assert paper.result_path(tmp_path) == tmp_path / "table1-paper" / "sst2" / "prge-q4-E16_lr1e-3_seed0.json"
     assert paper.checkpoint_dir(tmp_path).parent.parent == tmp_path / "table1-paper"
     assert "--steps" not in paper.command()                              # 20000 is the paper profile's own
+    # alternatives: the ZO LoRA-FA rows of SST-2 without MeZO (Full), in the grid's order
+    zo = rp.grid_cells("table1", "paper", only="sst2/zeroshot|sst2/mezo-lorafa|sst2/prge")
+    methods = [c.name.split("/")[1].split("_")[0] for c in zo]
+    assert methods[:3] == ["zeroshot"] * 3 and set(methods[3:]) == {"mezo-lorafa-E16", "prge-q4-E16", "prge-q16-E16"}
+    assert len(zo) == 3 + 3 * 4 * 5 and all(c.task == "sst2" for c in zo)
+    both = [c.name for c in rp.grid_cells("table1", "cpu", seeds=[1, 10], only=f"{name}|rte/zeroshot_seed10")]
+    assert sorted(both) == sorted([name, "rte/zeroshot_seed10"])        # a whole name still selects it alone
+    assert rp.grid_cells("table1", "cpu", only="sst2/prge|rte/prge,q16")[0].name.startswith("sst2/prge-q16")
 
 
 def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder, tmp_path):

@@ -34,8 +34,13 @@ def test_the_stages_in_priority_order(tmp_path):
     check, *stages = sitting.sitting_stages(tmp_path)
     assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
     assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "engine-groups", "grids-fp16",
-                                        "paired-fp32-fp16", "paired-fp32-fp16-more", "fig1-paper",
-                                        "table1-paper-packed"]
+                                        "paired-fp32-fp16", "paired-fp32-fp16-more", "table1-paper-zo-sst2",
+                                        "table1-paper-zo-rte", "fig1-paper", "table1-paper-packed"]
+    zo_sst2, zo_rte = stages.pop(6), stages.pop(6)           # Table 1's ZO LoRA-FA rows of a task, resumable
+    for zo, task in ((zo_sst2, "sst2"), (zo_rte, "rte")):
+        command, = zo.commands
+        assert zo.resumable and command[command.index("--only") + 1] == f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge"
+        assert ("--profile", "paper") == command[2:4] and "--pack" in command and "cuda" in command
     groups_check, groups_bench = stages.pop(2).commands      # packs in width groups: their graph check, then timed
     assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs")
     assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8")
@@ -61,7 +66,7 @@ def test_the_stages_in_priority_order(tmp_path):
     assert [c[c.index("--q") + 1] for c in jetson] == ["4", "16"]
     assert all(("--quant", "nf4") == c[c.index("--quant"):c.index("--quant") + 2] and "fp16" in c
                and c[c.index("--steps") + 1] == "90" and c[c.index("--eval-every") + 1] == "30" for c in jetson)
-    assert list(quantized).index("jetson-nf4") == list(quantized).index("fig1-paper") - 1
+    assert list(quantized).index("jetson-nf4") == list(quantized).index("table1-paper-zo-sst2") - 1
 
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
@@ -73,7 +78,7 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     # 1.5 + 2.5 + 4.5 + 6 = 14.5 of 20 minutes: the grid (resumable) gets the 5.5 left
     assert any("5. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
     assert any("6. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 668 min in all; time limit 20 min"
+    assert lines[-1] == "still to run: about 938 min in all; time limit 20 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):

@@ -104,7 +104,8 @@ def reproduce_options(rp) -> None:
                     "the confirm seeds at each row's best sweep rate, refused for a row until its sweep has all its "
                     "results (default sweep: the cells of any other grid)")
     rp.add_argument("--only", default=None,
-                    help="run the cells whose name contains this text (comma-separated: all must match)")
+                    help="run the cells whose name contains this text (comma-separated: all must match; "
+                         "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")
     rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
     rp.add_argument("--list", action="store_true", help="show each cell as done / running / partial / missing / "
                                                          "unreadable, with the time left, and exit")

@@ -120,12 +120,15 @@ def row_cells(grid: str, profile: str, task: str, row: Row, lrs: Iterable[float 
 
 
 def select(cells: list[Cell], only: str | None) -> list[Cell]:
-    """The cells whose name contains ``only`` (several comma-separated filters all apply; a whole cell name
-    selects that cell alone: "…_seed1" is also inside "…_seed10")."""
+    """The cells whose name contains ``only``: several comma-separated filters all apply, and a filter of
+    alternatives joined by "|" takes a cell that contains any of them ("sst2/prge|sst2/mezo-lorafa"); a whole
+    cell name selects that cell alone ("…_seed1" is also inside "…_seed10"). The grid's order is kept."""
     if only:
         for part in map(str.strip, only.split(",")):
-            exact = [c for c in cells if c.name == part]
-            cells = exact or [c for c in cells if part in c.name]
+            options = [o.strip() for o in part.split("|") if o.strip()]
+            exact = {c.name for c in cells if c.name in options}
+            cells = [c for c in cells if c.name in exact or
+                     any(o in c.name for o in options if not any(name == o for name in exact))]
     return cells
 
 

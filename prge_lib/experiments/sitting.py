@@ -67,7 +67,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     buckets), 3. the runtime and memory grids in fp16 (INT8/NF4 rows only with ``quantized``), 4. the
     fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then ``more_paired_seeds``: three seeds before a claim),
     5. (with ``quantized``) the Jetson path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps``
-    steps, 6. MeBP's Fig. 1 (WikiText-2 curves) at the paper profile, 7. Table 1's paper-profile cells in packs.
+    steps, 6. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows of SST-2, then
+    RTE: the paper's claim, before MeZO (Full)'s long solo cells), 7. MeBP's Fig. 1 (WikiText-2 curves) at the
+    paper profile, 8. the rest of Table 1's paper-profile cells in packs.
     Result files go under ``out``."""
     out = Path(out)
     results = str(out / "results")
@@ -95,6 +97,12 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS, "--repeats", "10", "--warmup", "3",
                "--profile", "--out", str(out / "engine_groups.json"), *common))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
+
+    def table1_zo(task: str) -> tuple[tuple[str, ...], ...]:
+        # Table 1's core comparison first: zero-shot and the ZO LoRA-FA rows (MeZO q 1, P-RGE q 4 and 16) of one
+        # task, in packs, before MeZO (Full)'s long solo cells
+        return (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--only",
+                 f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge", "--results-dir", results, *common),)
     # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
     jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",
                     str(jetson_steps), "--eval-every", str(max(jetson_steps // 3, 1)), "--n-test", "500", "--seed", "0",
@@ -114,6 +122,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             *([paired_stage("paired-fp32-fp16-more", more_paired_seeds)] if more_paired_seeds else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
+            *(Stage(f"table1-paper-zo-{task}", f"Table 1, paper profile, {title}: zero-shot, MeZO (LoRA-FA) and "
+                    f"P-RGE q 4 and 16 over the lr grid, packs of 8", minutes, table1_zo(task), resumable=True)
+              for task, title, minutes in (("sst2", "SST-2", 120.0), ("rte", "RTE", 150.0))),
             Stage("fig1-paper", "MeBP Fig. 1 at the paper profile: MeBP 500, MeZO and P-RGE 5000 WikiText-2 steps",
                   28.0, (("reproduce", "fig1", "--profile", "paper", "--results-dir", results, *common),)),
             Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
