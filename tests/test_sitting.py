@@ -222,3 +222,16 @@ def test_a_kept_folder_carries_a_sitting_across_fresh_copies_of_the_repository(t
     (second / "stages" / "engine-bench-rte.json").write_text("{}")      # a file the target has stays as it is
     assert sitting.mirror_missing(keep, second) == [] and (second / "stages" / "engine-bench-rte.json").read_text() == "{}"
     assert sitting.mirror_missing(tmp_path / "nothing", second) == []
+
+
+def test_the_repository_leaves_room_for_the_models_part_in_one_copy():
+    """What travels with every copy to a GPU machine (tracked files and untracked ones git does not ignore) plus
+    the embedded model's 48 MiB part must fit one 64 MiB copy, or a sitting needs more copies for the model.
+    Result files of 20,000 steps that keep every step's losses and g (20 times the 1000-step files: about 3.2 MB
+    at q 4, 9.4 MB at q 16) would outgrow it within one task of Table 1."""
+    spec = importlib.util.spec_from_file_location("gpu_sitting_tree", REPO / "tools" / "gpu_sitting.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tree = script.tree_mib()
+    assert 1 < tree <= 64 - 48 - 1, (f"the repository that travels is {tree:.1f} MiB: with the model's 48 MiB part "
+                                     f"a copy exceeds 64 MiB; shrink what is tracked or split the model finer")
