@@ -11,7 +11,7 @@ import pytest
 
 from prge_lib.deploy.client import (DeviceNoise, envelope_constant, eager_client, replay_config, replay_parity,
                                     replay_with_envelope, runtime_round)
-from prge_lib.distributed.replay import adapter_digest
+from prge_lib.zo.replay import adapter_digest
 from prge_lib.distributed.upload import Upload, replay_upload, upload_of_run
 from prge_lib.zo.lora import adapter_state
 from test_native import needs_native      # the same rule: skipped, naming the package, without cmake or g++

@@ -26,7 +26,7 @@ from test_packing import U, bounds, max_logit
 from prge_lib.cli.main import main
 from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
-from prge_lib.distributed.replay import adapter_digest, replay
+from prge_lib.zo.replay import adapter_digest, replay
 from prge_lib.distributed.wire import free_port
 from prge_lib.experiments.results import validate_result
 from prge_lib.training.config import TrainConfig

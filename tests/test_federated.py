@@ -22,7 +22,7 @@ from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.distributed.federated import FederatedConfig, FederatedRun, apply_broadcast, plan, seed_index
 from prge_lib.distributed.upload import Upload, decode_broadcast
-from prge_lib.distributed.replay import adapter_digest
+from prge_lib.zo.replay import adapter_digest
 from prge_lib.distributed.shards import iid_shards, label_counts, label_skew_shards, make_shards
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.records import FederatedRecord

@@ -21,6 +21,8 @@ def test_the_checks_pass_where_they_can_run(tiny_factory):
     groups = results["group_graphs"]     # two groups a step, their runs changing: one buffered step per width
     assert groups["passed"] and groups["max_loss_or_g_gap"] == 0 and groups["max_b_gap"] == 0
     assert groups["graphs"] == 2 and groups["width_groups"] == 2
+    replayed = results["seed_replay"]    # every run of the pack rebuilt from its g alone, bit for bit
+    assert replayed["passed"] and replayed["equal_runs"] == replayed["runs"] == 4 and replayed["max_b_gap"] == 0
     assert results["no_host_sync"] == {"passed": None, "why": "not on a GPU"}
     assert results["graphs_match"]["passed"] and results["graphs_match"]["graphs"] is False
     assert results["graphs_match"]["max_loss_or_g_gap"] == 0.0 and results["graphs_match"]["max_b_gap"] == 0.0

@@ -341,3 +341,40 @@ def test_a_grouped_pack_step_is_each_groups_step(tiny_factory):
             narrow, wide = sorted(lengths)[1], sorted(lengths)[3]
             assert widths_seen[-2:] == [narrow, wide], (lengths, widths_seen)
         assert torch.equal(grouped.flat, by_hand.flat) and grouped.flat.abs().sum() > 0
+
+
+@pytest.mark.parametrize("pack", ["same-q", "mixed"])
+def test_a_pack_resumes_from_seed_checkpoints(tiny_factory, tokenizer, task_data, tmp_path, monkeypatch, pack):
+    """PRGE_SEED_CHECKPOINTS=1 in a fused pack: each run's checkpoint holds its history and digest; the pack
+    killed after its checkpoints at step 2 resumes every run by replaying its projected gradients, to the
+    uninterrupted trajectories and adapters bit for bit (the same-q pack updated its runs by one batched product,
+    the replay redraws each run alone)."""
+    from prge_lib.zo.replay import adapter_digest
+
+    runs = configs(pack, **FUSED)
+    whole = packed(tiny_factory, tokenizer, task_data, runs)
+    whole_results = whole.run()
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1")
+    folders = [tmp_path / f"run{r}" for r in range(3)]
+    broken = packed(tiny_factory, tokenizer, task_data, runs, folders)
+    real_step, calls = broken.pack.step, []
+
+    def crash_at_4(work):
+        calls.append(sorted(work))
+        if len(calls) == 4:
+            raise KeyboardInterrupt("simulated interruption during step 4")
+        return real_step(work)
+
+    broken.pack.step = crash_at_4
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    for folder in folders:
+        saved = torch.load(folder / "checkpoint.pt", weights_only=True)
+        assert "trainable" not in saved["method"] and saved["step"] == 2
+    again = packed(tiny_factory, tokenizer, task_data, runs, folders)
+    results = again.run(resume=True)
+    assert [r["losses"] for r in results] == [r["losses"] for r in whole_results]
+    assert [r["projected_grad"] for r in results] == [r["projected_grad"] for r in whole_results]
+    for r in range(3):
+        assert adapter_digest(again.trainers[r].method.trainable()) == \
+            adapter_digest(whole.trainers[r].method.trainable())

@@ -41,8 +41,9 @@ def test_the_stages_in_priority_order(tmp_path):
         command, = zo.commands
         assert zo.resumable and command[command.index("--only") + 1] == f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge"
         assert ("--profile", "paper") == command[2:4] and "--pack" in command and "cuda" in command
+        assert command[command.index("--checkpoint-root") + 1] == sitting.CHECKPOINTS == "build/gpu-checkpoints"
     groups_check, groups_bench = stages.pop(2).commands      # packs in width groups: their graph check, then timed
-    assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs")
+    assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay")
     assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8")
     assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
     assert "--profile" in groups_bench                       # and where each configuration's step spends its time
@@ -235,3 +236,15 @@ def test_the_repository_leaves_room_for_the_models_part_in_one_copy():
     tree = script.tree_mib()
     assert 1 < tree <= 64 - 48 - 1, (f"the repository that travels is {tree:.1f} MiB: with the model's 48 MiB part "
                                      f"a copy exceeds 64 MiB; shrink what is tracked or split the model finer")
+
+
+def test_a_sittings_commands_write_seed_checkpoints_unless_told_otherwise(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sitting.subprocess, "run", lambda argv, env: seen.append((argv, env)) or
+                        type("Done", (), {"returncode": 0})())
+    monkeypatch.delenv("PRGE_SEED_CHECKPOINTS", raising=False)
+    assert sitting.subprocess_runner(["train", "--help"]) == 0
+    assert seen[-1][0][-2:] == ["train", "--help"] and seen[-1][1]["PRGE_SEED_CHECKPOINTS"] == "1"
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "0")
+    sitting.subprocess_runner(["train"])
+    assert seen[-1][1]["PRGE_SEED_CHECKPOINTS"] == "0"

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from prge_lib.training.checkpoints import CheckpointError
 from prge_lib.training.trainer import TrainConfig, TrainingDiverged
 
 from fixtures import small_trainer as _trainer
@@ -128,3 +129,57 @@ def test_senszoq_result_records_its_mask_and_mebp_its_phases(tiny_factory, token
     assert result["trainable_parameters"] == result["method_settings"]["k"]
     result = _trainer(tiny_factory, tokenizer, sst2_small, method="mebp", batch_size=4, steps=2).run()
     assert result["phase_times_s"]["recompute_backward"] > 0
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("prge", {"q": 2, "E": 4}),                                                   # per layer, torch noise
+    ("prge", {"q": 2, "E": 4, "noise": "counter", "engine": "fused"}),            # the GPU's fused step
+    ("mezo-lorafa", {"E": 2}),
+])
+def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokenizer, sst2_small, tmp_path,
+                                                            monkeypatch, method, extra):
+    """PRGE_SEED_CHECKPOINTS=1: the checkpoint keeps the run's history and the adapter's digest, not its tensors;
+    resuming replays the recorded projected gradients and gives the uninterrupted run's adapter and steps."""
+    from prge_lib.zo.replay import adapter_digest
+
+    whole = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra)
+    whole_result = whole.run()
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1")
+    broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
+    real_step = broken.method.step
+
+    def crash_at_5(batch, t):
+        if t == 4:
+            raise KeyboardInterrupt("simulated interruption during step 5")
+        return real_step(batch, t)
+
+    broken.method.step = crash_at_5
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 4 and "trainable" not in saved["method"]
+    assert saved["method"]["digest"] == adapter_digest(broken.method.trainable())
+    assert not any(isinstance(v, torch.Tensor) and v.numel() > 1000 for v in saved["method"].values())
+    resumed = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
+    result = resumed.run(resume=True)
+    assert result["losses"] == whole_result["losses"] and result["evals"] == whole_result["evals"]
+    assert adapter_digest(resumed.method.trainable()) == adapter_digest(whole.method.trainable())
+
+    # a history that does not replay to the recorded adapter is refused, naming the replay
+    saved["history"]["projected_grad"][1] = [2 * g + 1 for g in saved["history"]["projected_grad"][1]]
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="replaying its 4 steps did not give the adapter it recorded"):
+        _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra).run(resume=True)
+    saved["history"]["projected_grad"] = saved["history"]["projected_grad"][:3]
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="at step 4 holds the projected gradients of 3 steps"):
+        _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra).run(resume=True)
+
+
+def test_a_method_without_projected_gradients_keeps_its_tensors(tiny_factory, tokenizer, sst2_small, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1")
+    trainer = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method="fo-lorafa", batch_size=4, steps=2)
+    trainer.run()
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert "trainable" in saved["method"] and "replay" not in saved["method"]

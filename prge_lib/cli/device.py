@@ -160,7 +160,7 @@ def device_train_options(dt) -> None:
     dt.set_defaults(run=run_device_train)
 
 
-# the methods whose step is the q seeds and q projected gradients an upload carries (prge_lib.distributed.replay)
+# the methods whose step is the q seeds and q projected gradients an upload carries (prge_lib.zo.replay)
 REPLAYABLE = ("prge", "mezo-lorafa")
 
 
@@ -168,7 +168,7 @@ def run_replay(args) -> int:
     import json
 
     from prge_lib.deploy.client import eager_client, replay_config
-    from prge_lib.distributed.replay import adapter_digest
+    from prge_lib.zo.replay import adapter_digest
     from prge_lib.distributed.upload import Upload, replay_upload
     from prge_lib.zo.lora import adapter_state, save_adapter
 

@@ -32,7 +32,7 @@ rounding is part of the u |B_t| terms),
 
 :func:`replay_with_envelope` computes that envelope during the replay and :func:`replay_parity` measures the gap
 against it. Eager client to eager client, the same upload gives the same bits
-(:func:`prge_lib.distributed.replay.adapter_digest`).
+(:func:`prge_lib.zo.replay.adapter_digest`).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import check_program, export_program, read_program_meta
 from prge_lib.deploy.program import flat_adapter, load_flat_adapter
 from prge_lib.deploy.runtime import ProgramPRGE, RuntimeStep
-from prge_lib.distributed.replay import replay
+from prge_lib.zo.replay import replay
 from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
 from prge_lib.models.loading import load_model
 from prge_lib.training.config import TrainConfig
@@ -212,7 +212,7 @@ def replay_parity(device_adapter: dict[str, torch.Tensor], method: PRGE, envelop
 class ProgramReplayer:
     """A device that follows a run in the ExecuTorch runtime: the update-only program ``pte``
     (:func:`prge_lib.deploy.export.export_replay_program`) applies each step's update to the adapter, which the host
-    keeps flattened between calls. Called like :func:`prge_lib.distributed.replay.replay_steps`, so it stands in
+    keeps flattened between calls. Called like :func:`prge_lib.zo.replay.replay_steps`, so it stands in
     for it in :func:`prge_lib.distributed.federated.apply_broadcast` (``replay=``)."""
 
     def __init__(self, pte):

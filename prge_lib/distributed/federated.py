@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from prge_lib.common.provenance import atomic_file
 from prge_lib.distributed.upload import Upload, decode_broadcast, encode_broadcast
-from prge_lib.distributed.replay import adapter_digest, replay_steps
+from prge_lib.zo.replay import adapter_digest, replay_steps
 from prge_lib.distributed.shards import SPLITS, check_split, label_counts, make_shards, shard_sizes
 from prge_lib.training.records import SCHEMA_VERSION, step_times
 from prge_lib.training.trainer import Trainer, TrainingDiverged
@@ -151,7 +151,7 @@ def apply_broadcast(method: PRGE, broadcast: bytes, replay: Callable = replay_st
     η/n for the n uploads it holds (FedAvg of the deltas that arrived: n = C when none was lost or late, and a
     late upload of the round before counts as one of them; a round whose uploads were all lost leaves the adapter
     as it was); returns the uploads. ``replay``: what applies the steps, called like
-    :func:`prge_lib.distributed.replay.replay_steps` (a device's runtime: ``prge_lib.deploy.client.ProgramReplayer``)."""
+    :func:`prge_lib.zo.replay.replay_steps` (a device's runtime: ``prge_lib.deploy.client.ProgramReplayer``)."""
     _, uploads = decode_broadcast(broadcast)
     if uploads:
         replay(method, ((t, g) for u in uploads for t, g in u.steps), method.lr / len(uploads))

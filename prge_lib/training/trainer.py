@@ -28,11 +28,13 @@ from prge_lib.methods.base import check_method
 from prge_lib.models.buckets import parse_buckets, to_bucket
 from prge_lib.models.loading import load_model
 from prge_lib.models.objective import collate, encode_example
-from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, check_checkpoint_folder,
-                                           read_checkpoint, _python_rng_state, _set_python_rng_state)
+from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, CheckpointError,
+                                           check_checkpoint_folder, read_checkpoint, _python_rng_state,
+                                           _set_python_rng_state)
 from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.training.records import SCHEMA_VERSION, step_times
+from prge_lib.zo.replay import adapter_digest, can_rebuild, rebuild
 from prge_lib.zo.rge import mix_seed
 
 TASK_MASK_ROWS = 128     # training rows whose squared gradients rank the weights of a "task" mask
@@ -70,11 +72,17 @@ class Trainer:
     """Train ``config.method`` on ``config.task``; see the module docstring for the protocol.
 
     ``method_builder(config, model)`` makes the method object (default :func:`build_method`); the runtime
-    host passes its own, whose steps run in an exported program (``prge_lib.deploy.runtime``)."""
+    host passes its own, whose steps run in an exported program (``prge_lib.deploy.runtime``).
+
+    ``seed_checkpoints`` (default: the environment's ``PRGE_SEED_CHECKPOINTS=1``): a checkpoint of a run whose
+    adapter can be rebuilt from its projected gradients (P-RGE and MeZO on LoRA-FA, :func:`prge_lib.zo.replay.
+    rebuild`) keeps the history and the adapter's SHA-256 instead of its tensors, some kilobytes per thousand
+    steps instead of the adapter's megabytes: small enough to carry between GPU sittings. Resuming replays the
+    steps and refuses the result unless its digest is the recorded one."""
 
     def __init__(self, config: TrainConfig, model=None, tokenizer=None, data: TaskData | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, progress: bool = True,
-                 method_builder=None):
+                 method_builder=None, seed_checkpoints: bool | None = None):
 
         self.config = config.resolved()
         start_commit()      # the code this run starts with, read before the model loads
@@ -98,6 +106,8 @@ class Trainer:
         self.model = self.method.model
         self.device = next(self.model.parameters()).device
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.seed_checkpoints = os.environ.get("PRGE_SEED_CHECKPOINTS", "") == "1" if seed_checkpoints is None \
+            else bool(seed_checkpoints)
         self.progress = progress
         self.history = {"losses": [], "step_s": [], "evals": [], "projected_grad": []}
         self.step = 0
@@ -159,7 +169,11 @@ class Trainer:
         if path is None:
             return None
         epoch = self.epoch_position(self.step)[0]
-        method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
+        if self.seed_checkpoints and can_rebuild(self.method):
+            # the history rebuilds the adapter (zo.replay.rebuild); its digest checks the rebuilt one
+            method = {"replay": "projected_grad", "digest": adapter_digest(self.method.trainable())}
+        else:
+            method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
         if self.method.optimizer is not None:      # first-order methods
             method["optimizer"] = self.method.optimizer.state_dict()
         payload = {"format": CHECKPOINT_FORMAT, "config": self.config.identity(), "step": self.step,
@@ -191,9 +205,12 @@ class Trainer:
             raise ValueError(f"the checkpoint in {path.parent} is at step {payload['step']}, past this run's "
                              f"{self.config.steps} steps: give at least --steps {payload['step']}, or move the "
                              f"folder away to start the run again")
-        with torch.no_grad():
-            for name, tensor in self.method.trainable().items():
-                tensor.copy_(payload["method"]["trainable"][name])
+        if "replay" in payload["method"]:
+            self._rebuild(path, payload)
+        else:
+            with torch.no_grad():
+                for name, tensor in self.method.trainable().items():
+                    tensor.copy_(payload["method"]["trainable"][name])
         if "optimizer" in payload["method"]:
             self.method.optimizer.load_state_dict(payload["method"]["optimizer"])
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
@@ -201,6 +218,22 @@ class Trainer:
             self.history["step_s"] = self.history.pop("step_time_s")
         torch.set_rng_state(payload["rng"]["torch"])
         _set_python_rng_state(payload["rng"]["python"])
+
+    def _rebuild(self, path: Path, payload: dict) -> None:
+        """A seed checkpoint's adapter: the run's steps replayed from its projected gradients onto the method as
+        built (step 0), then checked against the digest the checkpoint recorded."""
+        grads = payload["history"].get("projected_grad", [])
+        if not can_rebuild(self.method):
+            raise CheckpointError(path, f"it holds the run's history instead of its adapter (a seed checkpoint), "
+                                        f"and {self.config.method} cannot be rebuilt from projected gradients")
+        if len(grads) != payload["step"]:
+            raise CheckpointError(path, f"a seed checkpoint at step {payload['step']} holds the projected "
+                                        f"gradients of {len(grads)} steps")
+        rebuild(self.method, grads)
+        if adapter_digest(self.method.trainable()) != payload["method"]["digest"]:
+            raise CheckpointError(path, f"replaying its {len(grads)} steps did not give the adapter it recorded "
+                                        f"(another digest): this machine rounds the update differently; resume it "
+                                        f"where it was made")
 
     # ----- the loop (its parts are shared with packed runs, prge_lib.training.packed)
     def begin(self, resume: bool = False, restart: bool = False) -> None:

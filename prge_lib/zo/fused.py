@@ -67,14 +67,20 @@ def fused_update(layers: Sequence[LoRAFALinear], z: torch.Tensor, losses: torch.
     """Alg. 1 lines 11 and 14 on the device from the (2, q) losses and the (q, D) draw ``z``: g, and
     B ← B − (η/q) gᵀZ as one product and one foreach add, zeroed when a loss is not finite. Returns the losses
     ℓ⁺, ℓ⁻, g and ``finite`` as device tensors."""
-    q = z.shape[0]
     g = projected_gradients(losses, eps)                                           # Alg. 1 line 11
     finite = torch.isfinite(losses).all()
-    coefficients = torch.where(finite, g, torch.zeros_like(g)) * (-lr / q)
+    apply_fused_update(layers, z, torch.where(finite, g, torch.zeros_like(g)), lr)
+    return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
+
+
+def apply_fused_update(layers: Sequence[LoRAFALinear], z: torch.Tensor, g: torch.Tensor, lr: float) -> None:
+    """Alg. 1 line 14 for the whole adapter: B ← B − (η/q) gᵀZ from the (q,) projected gradients ``g`` and the
+    (q, D) draw ``z``, one product and one foreach add (what a fused step does, and what a replay of its
+    recorded g does again, :func:`prge_lib.zo.replay.replay_fused`)."""
+    coefficients = g * (-lr / z.shape[0])
     step = coefficients @ z                                                        # (D,): −(η/q) gᵀZ, line 14
     torch._foreach_add_([layer.lora_B for layer in layers],
                         [part.to(layer.lora_B.dtype) for layer, part in zip(layers, layer_views(layers, step))])
-    return {"loss_plus": losses[0], "loss_minus": losses[1], "projected_grad": g, "finite": finite}
 
 
 @torch.no_grad()

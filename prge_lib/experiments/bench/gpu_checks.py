@@ -12,6 +12,8 @@ first stage of a GPU sitting). On the CPU the same checks run where they can (te
     group_graphs     a pack stepped in width groups (Pack.width_groups) and replayed as CUDA graphs, its groups
                      changing runs from step to step, gives the records and B's of the same grouped pack without
                      graphs (one graph per number of runs and shape, its runs read from buffers)
+    seed_replay      the runs of a pack replayed as CUDA graphs, rebuilt from their recorded projected gradients
+                     (a seed checkpoint's resume, prge_lib.zo.replay.rebuild), give their adapters bit for bit
     fp16_adapter     with an fp16 base, B and the update stay fp32 and the step's losses are finite
 """
 from __future__ import annotations
@@ -27,8 +29,10 @@ from prge_lib.zo.lora import DEFAULT_TARGETS, inject_lorafa
 from prge_lib.zo.packing import build_pack
 from prge_lib.zo.prge import step_seeds
 from prge_lib.zo.prng import compiles_on, counter_uniforms, tensor_key
+from prge_lib.zo.replay import adapter_digest, rebuild
 
-CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "pack_graphs", "group_graphs", "fp16_adapter")
+CHECKS = ("same_uniforms", "same_z", "no_host_sync", "graphs_match", "pack_graphs", "group_graphs", "seed_replay",
+          "fp16_adapter")
 
 
 def _adapted(make_model: Callable[[str], torch.nn.Module], dtype: str = "fp32", r: int = 16):
@@ -144,6 +148,27 @@ def group_graphs(make_model) -> dict:
     lengths = [(16, 32, 16, 32), (32, 16, 32, 16), (16, 16, 32, 32), (32, 32, 16, 16)]
     return {**_packs_agree(make_model, [dict(enumerate(step)) for step in lengths], width_groups=2),
             "width_groups": 2}
+
+
+def seed_replay(make_model, runs: int = 4, steps: int = 5) -> dict:
+    """A pack of runs of one q (the batched update, as CUDA graphs on a GPU) steps ``steps`` times; each run is then
+    rebuilt on a fresh pack from its recorded projected gradients alone, and its digest compared."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2,
+                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    model = make_model("fp32")
+    trained = build_pack(model, settings, pad_id=0, fused=True, graphs=next(model.parameters()).device.type == "cuda")
+    history = {r: [] for r in range(runs)}
+    for t in range(steps):
+        for r, record in trained.step({r: (_batch(trained.model), t) for r in range(runs)}).items():
+            history[r].append(record["projected_grad"])
+    fresh = build_pack(make_model("fp32"), settings, pad_id=0, fused=True)
+    equal, gap = 0, 0.0
+    for r in range(runs):
+        method = fresh.method(r)
+        rebuild(method, history[r])
+        equal += adapter_digest(method.trainable()) == adapter_digest(trained.method(r).trainable())
+        gap = max(gap, float((fresh.flat[r] - trained.flat[r]).abs().max()))
+    return {"passed": equal == runs, "runs": runs, "steps": steps, "equal_runs": equal, "max_b_gap": gap}
 
 
 def fp16_adapter(make_model) -> dict:
