@@ -161,6 +161,21 @@ def test_packed_runs_train_as_each_alone(tiny_factory, tokenizer, task_data, pac
     assert 100 * bound["grad"] < wrong["grad"] and 100 * bound["B"] < wrong["B"], (wrong, bound)
 
 
+def crash_during_step(trainer: PackedTrainer, n: int) -> None:
+    """Run the pack until its n-th step, which is interrupted as a killed process would be."""
+    real_step, calls = trainer.pack.step, []
+
+    def crashing(work):
+        calls.append(sorted(work))
+        if len(calls) == n:
+            raise KeyboardInterrupt(f"simulated interruption during step {n}")
+        return real_step(work)
+
+    trainer.pack.step = crashing
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+
+
 def test_a_stopped_pack_resumes_to_the_uninterrupted_trajectories(tiny_factory, tokenizer, task_data, tmp_path):
     runs = configs("mixed")
     runs[1].steps = 6          # runs with fewer steps leave the pack when done
@@ -168,17 +183,7 @@ def test_a_stopped_pack_resumes_to_the_uninterrupted_trajectories(tiny_factory, 
 
     folders = [tmp_path / f"run{r}" for r in range(3)]
     broken = packed(tiny_factory, tokenizer, task_data, runs, folders)
-    real_step, calls = broken.pack.step, []
-
-    def crash_at_4(work):
-        calls.append(sorted(work))
-        if len(calls) == 4:
-            raise KeyboardInterrupt("simulated interruption during step 4")
-        return real_step(work)
-
-    broken.pack.step = crash_at_4
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    crash_during_step(broken, 4)
     assert [torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in folders] == [2, 2, 2]
     # the last run's folder holds a checkpoint, the others are new: neither resume nor restart is refused
     # before any run starts
@@ -357,17 +362,7 @@ def test_a_pack_resumes_from_seed_checkpoints(tiny_factory, tokenizer, task_data
     monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1")
     folders = [tmp_path / f"run{r}" for r in range(3)]
     broken = packed(tiny_factory, tokenizer, task_data, runs, folders)
-    real_step, calls = broken.pack.step, []
-
-    def crash_at_4(work):
-        calls.append(sorted(work))
-        if len(calls) == 4:
-            raise KeyboardInterrupt("simulated interruption during step 4")
-        return real_step(work)
-
-    broken.pack.step = crash_at_4
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    crash_during_step(broken, 4)
     for folder in folders:
         saved = torch.load(folder / "checkpoint.pt", weights_only=True)
         assert "trainable" not in saved["method"] and saved["step"] == 2

@@ -8,6 +8,20 @@ from prge_lib.training.trainer import TrainConfig, TrainingDiverged
 from fixtures import small_trainer as _trainer
 
 
+def crash_during_step(trainer, n: int) -> None:
+    """Run ``trainer`` until its n-th step, which is interrupted as a killed process would be."""
+    real_step = trainer.method.step
+
+    def crashing(batch, t):
+        if t == n - 1:
+            raise KeyboardInterrupt(f"simulated interruption during step {n}")
+        return real_step(batch, t)
+
+    trainer.method.step = crashing
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+
+
 @pytest.mark.parametrize("method,extra", [
     ("prge", {"q": 2, "E": 4}),
     ("mezo", {"E": 4, "lr": 1e-4}),
@@ -21,16 +35,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_s
     whole = _trainer(tiny_factory, tokenizer, sst2_small, method=method, **extra).run()
 
     broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
-    real_step = broken.method.step
-
-    def crash_at_5(batch, t):
-        if t == 4:
-            raise KeyboardInterrupt("simulated interruption during step 5")
-        return real_step(batch, t)
-
-    broken.method.step = crash_at_5
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    crash_during_step(broken, 5)
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["step"] == 4
 
     resumed = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
@@ -146,16 +151,7 @@ def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokeni
     whole_result = whole.run()
     monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1")
     broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra)
-    real_step = broken.method.step
-
-    def crash_at_5(batch, t):
-        if t == 4:
-            raise KeyboardInterrupt("simulated interruption during step 5")
-        return real_step(batch, t)
-
-    broken.method.step = crash_at_5
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    crash_during_step(broken, 5)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 4 and "trainable" not in saved["method"]
     assert saved["method"]["digest"] == adapter_digest(broken.method.trainable())
