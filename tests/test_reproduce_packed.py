@@ -87,6 +87,32 @@ def test_a_packed_grid_writes_the_solo_result_files(grid):
     assert not any(c.checkpoint_dir(packed.parent / "ck3").exists() for c in cells)   # removed with the result
 
 
+def test_a_pack_in_width_groups_writes_the_same_cells(grid, tmp_path, monkeypatch, fixture_data):
+    """--width-groups 2: each step of the pack of three in two forwards by batch width; every cell's result is
+    its solo run's up to the rounding bound, as in one forward."""
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    cells = grid["cells"][:3]
+    said, forwards = [], []
+    real_step = runner.PackedTrainer.__init__
+
+    def spy(self, *args, **kwargs):                 # count the forwards of each pack step
+        real_step(self, *args, **kwargs)
+        step = self.pack._step_runs
+        self.pack._step_runs = lambda order, work: forwards.append(len(order)) or step(order, work)
+
+    monkeypatch.setattr(runner.PackedTrainer, "__init__", spy)
+    rp.run_grid(cells, results=tmp_path / "res", checkpoints=tmp_path / "ck", pack=3, width_groups=2,
+                progress=False, say=said.append)
+    assert f"pack of 3: {', '.join(c.name for c in cells)}" in said
+    for cell in cells:
+        result = _read(cell, tmp_path / "res")
+        _within_bound(result, _read(cell, grid["solo"]), grid["bounds"][cell.name])
+        assert result["packed"]["runs"] == 3
+    assert forwards[:2] == [2, 1] and len(forwards) == 2 * 4            # two forwards (2 + 1 cells) a step
+    with pytest.raises(ValueError, match="--width-groups takes a whole number of groups ≥ 1, got 0"):
+        rp.run_grid(cells, results=tmp_path / "res", pack=3, width_groups=0)
+
+
 def test_a_pack_stopped_by_the_deadline_resumes_each_cell(grid, tmp_path, monkeypatch):
     cells, whole = grid["cells"][:3], grid["packed"]
     res, ck = tmp_path / "res", tmp_path / "ck"

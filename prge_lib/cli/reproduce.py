@@ -76,7 +76,7 @@ def run_reproduce(args) -> int:
         deadline = time.time() + 60 * args.time_limit
     rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
                 say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
-                pack=pack, **roots)
+                pack=pack, width_groups=args.width_groups, **roots)
     left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
     if left:                            # the time limit stopped the grid, or a Ray task stopped
         print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
@@ -134,6 +134,9 @@ def reproduce_options(rp) -> None:
                     "run alone. Each cell keeps its own lock, checkpoint and result file (which records the pack). "
                     f"Default {DEFAULT_GPU_PACK} with --device cuda and the local backend, else 1 (no packs); "
                     "--list prices packed cells")
+    rp.add_argument("--width-groups", type=int, default=1, metavar="K",
+                    help="each step of a pack in K forwards of cells of similar batch width, each padded to its "
+                         "own widest batch (prge_lib.zo.packing.Pack; default 1: one forward)")
     rp.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"),
                     help="the benchmark grids (runtime, memory): the base weights' precision in the timed steps")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")

@@ -124,7 +124,7 @@ def _run_train(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float
 
 def run_pack(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              deadline: float | None = None, restart: bool = False,
-             say: Callable[[str], None] = print) -> list[Path]:
+             say: Callable[[str], None] = print, width_groups: int = 1) -> list[Path]:
     """Train the training cells ``cells`` (one :func:`~prge_lib.experiments.packs.pack_key`) in one pack
     (:class:`~prge_lib.training.packed.PackedTrainer`) and write each cell's result as :func:`run_cell` would,
     plus ``packed`` (the pack it ran in; its wall time is the pack's); return the result paths written.
@@ -134,7 +134,8 @@ def run_pack(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | Non
     where it has one (``restart``: discards it), so a pack may join resumed and new cells. A run whose loss turns
     non-finite is written as diverged and the others go on. At ``deadline`` the pack stops with every unfinished
     cell's checkpoint saved and the results of the cells already through written, and raises
-    :class:`~prge_lib.training.packed.PackStopped`."""
+    :class:`~prge_lib.training.packed.PackStopped`. ``width_groups``: each step's cells in that many forwards by
+    batch width (:class:`~prge_lib.zo.packing.Pack`)."""
     with ExitStack() as locks:
         members = []
         for cell in cells:
@@ -154,7 +155,8 @@ def run_pack(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | Non
         start = time.perf_counter()
         trainer = PackedTrainer([TrainConfig(**cell.config()) for cell in members],
                                 checkpoint_dirs=[cell.checkpoint_dir(checkpoints) for cell in members],
-                                names=[cell.name for cell in members], progress=progress)
+                                names=[cell.name for cell in members], progress=progress,
+                                width_groups=width_groups)
         resume = [t.checkpoint_path().is_file() and not restart for t in trainer.trainers]
         try:
             outcomes = trainer.run(resume=resume, deadline=deadline, restart=restart)
@@ -207,16 +209,20 @@ def _run_lm(cell: Cell, progress: bool) -> dict:
 def run_grid(cells: list[Cell], backend: str = "local", address: str | None = None,
              results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              cpus_per_cell: int = 1, say: Callable[[str], None] = print,
-             deadline: float | None = None, restart: bool = False, pack: int = 1) -> list[Path]:
+             deadline: float | None = None, restart: bool = False, pack: int = 1,
+             width_groups: int = 1) -> list[Path]:
     """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
     result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
     after it, and a training cell running past it stops at a checkpoint, to resume on the next run. A cell
     another process runs is left to it (:class:`CellBusy`); ``restart`` discards the checkpoints of the cells
     this call runs. ``pack`` > 1 (local only): the training cells that can share a forward train in packs of
-    up to ``pack`` (:func:`~prge_lib.experiments.packs.plan_packs`, :func:`run_pack`)."""
+    up to ``pack`` (:func:`~prge_lib.experiments.packs.plan_packs`, :func:`run_pack`), each step of a pack in
+    ``width_groups`` forwards by batch width."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_pack_size(pack)
+    if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
+        raise ValueError(f"--width-groups takes a whole number of groups ≥ 1, got {width_groups!r}")
     if backend == "ray" and pack > 1:
         raise ValueError(f"--pack {pack}: packs train in this process; with --backend ray each task runs one "
                          f"cell, so give --pack 1")
@@ -242,7 +248,7 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
         if len(unit) > 1:
             say(f"pack of {len(unit)}: {', '.join(c.name for c in unit)}")
             try:
-                paths += run_pack(unit, results, checkpoints, progress, deadline, restart, say)
+                paths += run_pack(unit, results, checkpoints, progress, deadline, restart, say, width_groups)
             except (PackStopped, TrainingStopped) as stop:
                 say(f"pack of {len(unit)}: {stop}; the same command resumes it")
                 break
