@@ -118,11 +118,12 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                     "--out", str(out / "jetson" / f"sst2_nf4_fp16_q{q}.json"), *common) for q in (4, 16))
     check = ("gpu-check", "--out", str(out / "gpu_check.json"), *common)
     return [Stage("gpu-check", "the engine's checks on the device (uniforms and z against the CPU, no host sync, "
-                  "graphs, pack graphs, fp16 base)", 1.5,
+                  "graphs, pack graphs, group graphs, seed replay, fp16 base)", 1.5,
                   (check,)),
             *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed",
                     {"sst2": 2.5, "rte": 4.5}[task], (bench(task),)) for task, title in (("sst2", "SST-2"), ("rte", "RTE"))),
-            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, SST-2 and RTE (graph check first)",
+            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, SST-2 and RTE, each step profiled "
+                  "(the pack, group-graph and seed-replay checks first)",
                   6.0, groups),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
