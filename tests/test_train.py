@@ -179,3 +179,44 @@ def test_a_method_without_projected_gradients_keeps_its_tensors(tiny_factory, to
     trainer.run()
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert "trainable" in saved["method"] and "replay" not in saved["method"]
+
+
+def test_a_long_run_keeps_its_series_in_windows(tiny_factory, tokenizer, sst2_small, monkeypatch):
+    """A run past FULL_SERIES_STEPS writes each window's mean loss, g's root mean square and median step time
+    instead of every step's; the file validates, and its size no longer grows with every step's g."""
+    import json
+    import math
+    import statistics
+
+    from prge_lib.experiments.results import validate_result
+    from prge_lib.training import records
+
+    short = _trainer(tiny_factory, tokenizer, sst2_small, method="prge", q=2, E=4)
+    full = short.run()
+    monkeypatch.setattr(records, "FULL_SERIES_STEPS", 4)
+    monkeypatch.setattr(records, "SERIES_WINDOW", 4)
+    long = _trainer(tiny_factory, tokenizer, sst2_small, method="prge", q=2, E=4)
+    result = long.run()
+    assert "losses" not in result and "projected_grad" not in result and result["step_s"]["per_step"] == []
+    series = result["series"]
+    assert series["every"] == 4 and len(series["loss"]) == 2                     # steps 0–3, then 4–5
+    assert series["loss"] == [statistics.fmean(full["losses"][:4]), statistics.fmean(full["losses"][4:])]
+    grads = [g for step in full["projected_grad"][:4] for g in step]
+    assert series["grad_rms"][0] == math.sqrt(statistics.fmean(g * g for g in grads))
+    assert series["step_s"] == [statistics.median(long.history["step_s"][:4]),
+                                statistics.median(long.history["step_s"][4:])]
+    point = {"step": 6, "val": 0.5, "test": 0.5}
+    record = {**result, "kind": "train", "best_val": point, "final": point,
+              "provenance": {"command": "x", "commit": None, "versions": {}, "hardware": {}, "wall_time_s": 1.0}}
+    validate_result(record)
+    from prge_lib.experiments.summaries import training_seconds
+    assert training_seconds(record) == pytest.approx(4 * series["step_s"][0] + 2 * series["step_s"][1])
+    import jsonschema
+    with pytest.raises(jsonschema.ValidationError, match="make 2 windows of 4 but series.loss has 1"):
+        validate_result({**record, "series": {**series, "loss": series["loss"][:1]}})
+    with pytest.raises(jsonschema.ValidationError, match="needs losses"):
+        validate_result({k: v for k, v in record.items() if k != "series"})
+    # 20,000 steps of P-RGE at q 16 in windows of 100: tens of kilobytes, where every step's would be megabytes
+    steps = 20_000
+    big = records.windowed([1.0] * steps, [[0.5] * 16] * steps, [0.05] * steps, every=100)
+    assert len(json.dumps(big)) < 20_000 and len(json.dumps([[0.123456789] * 16] * steps)) > 3_000_000

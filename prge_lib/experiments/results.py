@@ -138,9 +138,21 @@ def validate_result(result: dict) -> None:
     import jsonschema
 
     _validator(result.get("kind") if result.get("kind") in ("bench", "lm") else "train").validate(result)
-    if result.get("kind") == "train" and result["steps"] != len(result["losses"]):
-        raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses",
-                                         path=("losses",))
+    if result.get("kind") == "train":
+        if "series" in result:          # a long run: one window of ``every`` steps per entry
+            series, steps = result["series"], result["steps"]
+            windows = -(-steps // series["every"])
+            for name in ("loss", "grad_rms", "step_s"):
+                if name in series and len(series[name]) != windows:
+                    raise jsonschema.ValidationError(f"steps = {steps} make {windows} windows of {series['every']} "
+                                                     f"but series.{name} has {len(series[name])}",
+                                                     path=("series", name))
+        elif "losses" not in result:
+            raise jsonschema.ValidationError("a training result needs losses (every step's) or series (windows)",
+                                             path=("losses",))
+        elif result["steps"] != len(result["losses"]):
+            raise jsonschema.ValidationError(f"steps = {result['steps']} but {len(result['losses'])} losses",
+                                             path=("losses",))
 
 
 _CELL_FILE = re.compile(r"(?P<row>.+?)(?:-L(?P<seq_len>\d+))?(?:_lr(?P<lr>[^_]+))?_seed(?P<seed>\d+)")

@@ -70,6 +70,9 @@ def training_seconds(result: dict) -> float | None:
     a benchmark cell measured alone) books the whole pause on the step it was in. A step over PAUSE_FACTOR times
     the run's median step is such a step and counts as a median one. None where the run recorded no steps."""
     steps = (result.get("step_s") or {}).get("per_step")
+    if not steps and "step_s" in result.get("series", {}):      # a long run: each window at its median step
+        every, medians = result["series"]["every"], result["series"]["step_s"]
+        return sum(m * min(every, result["steps"] - k * every) for k, m in enumerate(medians))
     if not steps:
         return None
     median = statistics.median(steps)

@@ -13,6 +13,12 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 SCHEMA_VERSION = 2      # 2: one name per step time (step_s), diverged runs name their error "diverged"
 
+# A run of more than FULL_SERIES_STEPS steps keeps its per-step series in windows of SERIES_WINDOW steps
+# (:class:`Series`): every result file travels with the repository, and a 20,000-step P-RGE run at q 16 would
+# write 9.4 MB of per-step losses and projected gradients.
+FULL_SERIES_STEPS = 2000
+SERIES_WINDOW = 100
+
 Unit = Annotated[float, {"minimum": 0, "maximum": 1}]      # a score: accuracy, F1 or exact match
 
 
@@ -34,6 +40,15 @@ class StepTimes(TypedDict):
     """Measured seconds per step: the median and every timed step."""
     median: float | None
     per_step: list[float]
+
+
+class Series(TypedDict):
+    """A long run's per-step series in windows of ``every`` steps (the last window may be shorter): each window's
+    mean loss, root mean square of the projected gradients (ZO methods) and median step time."""
+    every: Annotated[int, {"minimum": 1}]
+    loss: list[float]
+    grad_rms: NotRequired[list[float]]
+    step_s: NotRequired[list[float]]
 
 
 class Provenance(TypedDict):
@@ -66,8 +81,9 @@ class TrainRecord(TypedDict):
     best_val: Point
     final: Point
     evals: Annotated[list[Evaluation], {"minItems": 1}]
-    losses: list[float]
     provenance: Provenance
+    losses: NotRequired[list[float]]    # every step's; a run of more than FULL_SERIES_STEPS has ``series`` instead
+    series: NotRequired[Series]
     schema_version: NotRequired[int]
     status: NotRequired[Literal["finished", "diverged"]]
     diverged: NotRequired[str]          # why a diverged run stopped (its step and loss)
@@ -192,6 +208,30 @@ def step_times(per_step: list[float], digits: int | None = None, middle=statisti
     steps = [round(t, digits) for t in per_step] if digits is not None else list(per_step)
     median = middle(per_step) if per_step else None
     return {"median": median if median is None or digits is None else round(median, digits), "per_step": steps}
+
+
+def windowed(losses: list[float], grads: list[list[float]], step_s: list[float],
+             every: int | None = None) -> Series:
+    """The :class:`Series` of a run's per-step ``losses``, projected gradients (``grads``: one list per step; may be
+    empty) and step times, in windows of ``every`` steps (default :data:`SERIES_WINDOW`)."""
+    every = every or SERIES_WINDOW
+    cuts = range(0, len(losses), every)
+    series: Series = {"every": every, "loss": [statistics.fmean(losses[i:i + every]) for i in cuts]}
+    if grads:
+        series["grad_rms"] = [statistics.fmean(g * g for step in grads[i:i + every] for g in step) ** 0.5
+                              for i in cuts]
+    if step_s:
+        series["step_s"] = [statistics.median(step_s[i:i + every]) for i in cuts]
+    return series
+
+
+def step_series(losses: list[float], grads: list[list[float]], step_s: list[float]) -> dict:
+    """The per-step fields of a training record: ``losses``, ``projected_grad`` and every step's time for a run
+    of at most :data:`FULL_SERIES_STEPS` steps, else ``series`` (:func:`windowed`) with the median step time."""
+    times = step_times(step_s, middle=statistics.median_high)
+    if len(losses) <= FULL_SERIES_STEPS:
+        return {"losses": losses, "projected_grad": grads, "step_s": times}
+    return {"series": windowed(losses, grads, step_s), "step_s": {"median": times["median"], "per_step": []}}
 
 
 def finished_record(summary: dict, model: str) -> dict:

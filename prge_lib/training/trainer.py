@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import random
-import statistics
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, C
                                            _set_python_rng_state)
 from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
 from prge_lib.training.evaluate import zero_shot
-from prge_lib.training.records import SCHEMA_VERSION, step_times
+from prge_lib.training.records import SCHEMA_VERSION, step_series
 from prge_lib.zo.replay import adapter_digest, can_rebuild, rebuild
 from prge_lib.zo.rge import mix_seed
 
@@ -322,9 +321,8 @@ class Trainer:
             "steps": self.step, "zero_shot_val": evals[0]["val"] if evals[0]["step"] == 0 else None,
             "best_val": {"step": best["step"], "val": best["val"], "test": best["test"]},
             "final": {"step": last["step"], "val": last["val"], "test": last["test"]},
-            "evals": evals, "losses": self.history["losses"],
-            "projected_grad": self.history["projected_grad"],
-            "step_s": step_times(self.history["step_s"], middle=statistics.median_high),
+            "evals": evals,
+            **step_series(self.history["losses"], self.history["projected_grad"], self.history["step_s"]),
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
             "resumed_at_steps": self.history.get("resumed_at", []),
             **({"method_settings": self.method.settings} if self.method.settings else {}),
