@@ -457,7 +457,8 @@ class _BufferedPackStep:
     def __init__(self, pack: Pack, plan: "_Plan", rows: list[tuple[int, int]], batch: Batch):
         device = pack.flat.device
         # the plan's tensors as buffers of their own, refilled for the runs of each step
-        self.pack, self.plan, self.rows = pack, replace(plan, **{f: getattr(plan, f).clone() for f in _Plan.BUFFERS}), rows
+        self.plan = replace(plan, **{name: getattr(plan, name).clone() for name in _Plan.BUFFERS})
+        self.pack, self.rows = pack, rows
         self.batch = Batch(*(torch.empty_like(t, device=device) for t in (batch.input_ids, batch.attention_mask,
                                                                            batch.targets)))
         self.seeds = torch.zeros(len(plan.order) * plan.q, dtype=torch.int64, device=device)
