@@ -129,7 +129,8 @@ def plan(profile: str, extra=(), has=(), python: str | None = None, platforms=No
     wanted = [w for w in [*chosen.wheels, *extra] if normalize(requirement_name(w)) not in left_out]
     wheels, skipped = resolve_wheels(wanted, on_box, pinned)
     return {"wheels": wheels, "has": sorted({normalize(n) for n in on_box}), "skipped": skipped,
-            "without": left_out, "python": python or chosen.python, "platforms": tuple(platforms or chosen.platforms)}
+            "without": left_out, "python": python or chosen.python,
+            "platforms": tuple(platforms or chosen.platforms)}
 
 
 def pip_download(requirement: str, dest: Path, *, python: str, platforms: list[str]) -> Path:
@@ -214,8 +215,9 @@ def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_2
     with ``project``, this project's wheel (``build_project``; by default :func:`pip_download` and
     :func:`pip_wheel_project`), split into parts of at most ``part_bytes``;
     ``MANIFEST.json``; ``install.py``. ``has`` names what the machine already has (recorded, and checked by
-    ``install.py`` as a note); ``without``, what was left out on purpose (recorded as ``left_out``). The bundle is assembled beside ``out`` and moved into place at the end, so a
-    failure leaves an earlier bundle there untouched. Returns the manifest."""
+    ``install.py`` as a note); ``without``, what was left out on purpose (recorded as ``left_out``). The bundle
+    is assembled beside ``out`` and moved into place at the end, so a failure leaves an earlier bundle there
+    untouched. Returns the manifest."""
     if not re.fullmatch(r"3\.\d+", python):
         raise ValueError(f"--python {python!r}: give the machine's Python as 3.N (e.g. 3.12)")
     out = Path(out).expanduser().resolve()
@@ -243,7 +245,8 @@ def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_2
             raise RuntimeError(f"two requirements gave the same wheel: {names}")
         manifest = {"format": bundle_install.FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "python": python, "implementation": "cp", "platforms": tags, "part_bytes": part_bytes,
-                    "assumed_on_box": sorted(has), "left_out": sorted(without), "project_commit": git_commit(REPO) if project else None,
+                    "assumed_on_box": sorted(has), "left_out": sorted(without),
+                    "project_commit": git_commit(REPO) if project else None,
                     "files": files}
         (staging / bundle_install.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.copyfile(bundle_install.__file__, staging / "install.py")

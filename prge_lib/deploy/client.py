@@ -48,7 +48,7 @@ from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import check_program, export_program, read_program_meta
 from prge_lib.deploy.program import flat_adapter, load_flat_adapter
 from prge_lib.deploy.runtime import ProgramPRGE, RuntimeStep
-from prge_lib.zo.replay import replay
+from prge_lib.zo.replay import checked_steps, replay
 from prge_lib.distributed.upload import Upload, check_upload, upload_of_run
 from prge_lib.models.loading import load_model
 from prge_lib.training.config import TrainConfig
@@ -227,9 +227,7 @@ class ProgramReplayer:
         if (adapter.numel(), method.q) != (self.settings["adapter_size"], self.settings["q"]):
             raise ValueError(f"{self.path} replays adapters of {self.settings['adapter_size']} numbers with q "
                              f"{self.settings['q']}; this run's has {adapter.numel()} with q {method.q}")
-        for t, g in steps:
-            if len(g) != method.q:
-                raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
+        for t, g in checked_steps(steps, method.q):
             seeds = torch.tensor(step_seeds(method.seed, t, method.q), dtype=torch.int64)
             alphas = torch.tensor([-lr * gi / method.q for gi in g], dtype=torch.float32)   # as the eager alpha
             adapter = self.program(adapter, seeds, alphas)[0]

@@ -19,6 +19,8 @@ program's trajectory can be compared with the eager trainer step by step.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -32,14 +34,19 @@ def flat_adapter(layers) -> torch.Tensor:
     return torch.cat([layer.lora_B.detach().reshape(-1) for layer in layers])
 
 
+def split_adapter(adapter: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """A state vector (:func:`flat_adapter`) cut into matrices of ``shapes`` (views), its length checked first."""
+    sizes = [math.prod(shape) for shape in shapes]
+    if adapter.shape != (sum(sizes),):
+        raise ValueError(f"adapter must have shape ({sum(sizes)},), got {tuple(adapter.shape)}")
+    return [part.reshape(shape) for part, shape in zip(torch.split(adapter, sizes), shapes)]
+
+
 @torch.no_grad()
 def load_flat_adapter(layers, adapter: torch.Tensor) -> None:
     """Write a state vector (:func:`flat_adapter`) back into the LoRA-B parameters of ``layers``."""
-    sizes = [layer.lora_B.numel() for layer in layers]
-    if adapter.shape != (sum(sizes),):
-        raise ValueError(f"adapter must have shape ({sum(sizes)},), got {tuple(adapter.shape)}")
-    for layer, part in zip(layers, torch.split(adapter, sizes)):
-        layer.lora_B.copy_(part.reshape(layer.lora_B.shape))
+    for layer, part in zip(layers, split_adapter(adapter, [tuple(layer.lora_B.shape) for layer in layers])):
+        layer.lora_B.copy_(part)
 
 
 class TrainStep(nn.Module):
@@ -75,13 +82,8 @@ class TrainStep(nn.Module):
         """Write a state vector back into the model's LoRA-B parameters."""
         load_flat_adapter(self.layers, adapter)
 
-    def split(self, adapter: torch.Tensor) -> list[torch.Tensor]:
-        if adapter.shape != (sum(self.sizes),):
-            raise ValueError(f"adapter must have shape ({sum(self.sizes)},), got {tuple(adapter.shape)}")
-        return [part.reshape(shape) for part, shape in zip(torch.split(adapter, self.sizes), self.shapes)]
-
     def forward(self, input_ids, attention_mask, targets, adapter, seeds, lr, eps):
-        matrices = self.split(adapter)
+        matrices = split_adapter(adapter, self.shapes)
         seed_list = [seeds[i] for i in range(self.q)]
         # z_i for every layer in one draw per seed (the layers' counter ranges tile the adapter), kept for
         # the forward and the update: a small graph instead of one generator per layer, seed and use

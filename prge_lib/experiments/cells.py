@@ -127,8 +127,7 @@ def select(cells: list[Cell], only: str | None) -> list[Cell]:
         for part in map(str.strip, only.split(",")):
             options = [o.strip() for o in part.split("|") if o.strip()]
             exact = {c.name for c in cells if c.name in options}
-            cells = [c for c in cells if c.name in exact or
-                     any(o in c.name for o in options if not any(name == o for name in exact))]
+            cells = [c for c in cells if c.name in exact or any(o in c.name for o in options if o not in exact)]
     return cells
 
 

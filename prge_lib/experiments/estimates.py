@@ -164,8 +164,7 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
             bench = read_if_present(path)
             if bench.get("kind") != "engine-bench":
                 continue
-            name = str(bench["device"])
-            if (device == "cpu") != name.startswith("cpu") or (device != "cpu" and device != "cuda"):
+            if ("cpu" if str(bench["device"]).startswith("cpu") else "cuda") != device:
                 continue
             when = str(bench["provenance"]["finished_at"])
             for task, measured in bench["tasks"].items():
@@ -183,7 +182,7 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
 
 
 def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = None,
-                    benches: Path = RESULTS) -> tuple[float, str]:
+                    benches: Path = RESULTS, solo: dict | None = None) -> tuple[float, str]:
     """(What a packed cell's steps cost, as a fraction of its solo steps; where that figure comes from).
 
     Measured: a packed result records its pack's step (``step_s`` of a packed run is the whole pack's step)
@@ -192,9 +191,9 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
     results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
     a run's share is taken not to depend on R). Without one, the engine benchmarks of that device
     (:func:`bench_pack_shares`, packs of ``runs`` where measured) give the share of one optimised run's step,
-    which times the device's solo share of a CPU step (:func:`device_shares`, its median over methods; 1 without
-    solo results there) is the fraction of the CPU price; without benchmarks either: :data:`PACK_ASSUMPTION`, a
-    share of 1."""
+    which times the device's solo share of a CPU step (``solo``: :func:`device_shares` of ``device``, read here
+    when not given; its median over methods, 1 without solo results there) is the fraction of the CPU price;
+    without benchmarks either: :data:`PACK_ASSUMPTION`, a share of 1."""
     shares = []
     for path in sorted(Path(results).rglob("*.json")):
         try:
@@ -210,7 +209,7 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         if not benched:
             return 1.0, PACK_ASSUMPTION
         share = statistics.median(benched)
-        solo = device_shares(device, results)["any"]
+        solo = (solo if solo is not None else device_shares(device, results))["any"]
         return share * (solo or 1.0), (
             f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(benched)} pack and "
             f"task pairs) give a packed run {share:.2g} of an optimised run's step, times "

@@ -54,9 +54,10 @@ def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | 
     units = [unit for unit in plan_packs(todo, pack) if len(unit) > 1]
     packed = {cell.name: (len(unit), k) for k, unit in enumerate(units, 1) for cell in unit}
     devices = dict.fromkeys(device_kind(cell.config()) for cell in todo if cell.name in packed)
-    pack_shares = {device: pack_step_share(device, results, runs=pack) for device in devices}
     elsewhere = {device: device_shares(device, results)
                  for device in dict.fromkeys(device_kind(cell.config()) for cell in cells) if device != "cpu"}
+    pack_shares = {device: pack_step_share(device, results, runs=pack, solo=elsewhere.get(device))
+                   for device in devices}
     seconds = []
     for cell, st in zip(cells, states):
         share, eval_share = _shares(cell, packed, pack_shares, elsewhere)

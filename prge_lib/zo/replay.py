@@ -32,6 +32,14 @@ def adapter_digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def checked_steps(steps: Iterable[tuple[int, Sequence[float]]], q: int):
+    """The (seed index t, its projected gradients) pairs of ``steps``, each refused unless it holds q of them."""
+    for t, g in steps:
+        if len(g) != q:
+            raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {q}")
+        yield t, g
+
+
 @torch.no_grad()
 def replay(method: PRGE, projected_grads: Sequence[Sequence[float]], start: int = 0) -> PRGE:
     """Apply steps ``start``, ``start + 1``, … of a run to ``method``'s adapter from their projected gradients
@@ -46,45 +54,43 @@ def replay_steps(method: PRGE, steps: Iterable[tuple[int, Sequence[float]]], lr:
     (:mod:`prge_lib.distributed.federated`); returns ``method``."""
     if not isinstance(method, PRGE):
         raise ValueError(f"replay rebuilds P-RGE adapters (prge, mezo-lorafa), not {type(method).__name__}")
-    for t, g in steps:
-        if len(g) != method.q:
-            raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {method.q}")
-        apply_update(method.layers, step_seeds(method.seed, t, method.q), g, lr)
+    replay_layers(method.layers, method.seed, method.q, steps, lr)
     return method
 
 
 @torch.no_grad()
-def replay_fused(layers: Sequence[LoRAFALinear], seed: int, q: int, lr: float,
-                 projected_grads: Sequence[Sequence[float]], start: int = 0) -> None:
-    """Apply steps ``start``, ``start + 1``, … of a fused run (counter noise) to ``layers`` from their projected
-    gradients: each step's (q, D) draw redrawn in one call and added as the fused step adds it."""
-    for t, g in enumerate(projected_grads, start):
-        if len(g) != q:
-            raise ValueError(f"step {t}: {len(g)} projected gradients for a run with q = {q}")
+def replay_layers(layers: Sequence[LoRAFALinear], seed: int, q: int, steps: Iterable[tuple[int, Sequence[float]]],
+                  lr: float) -> None:
+    """The per-layer replay of :func:`replay_steps` on ``layers`` of a run with ``seed`` and ``q``."""
+    for t, g in checked_steps(steps, q):
+        apply_update(layers, step_seeds(seed, t, q), g, lr)
+
+
+@torch.no_grad()
+def replay_fused(layers: Sequence[LoRAFALinear], seed: int, q: int, steps: Iterable[tuple[int, Sequence[float]]],
+                 lr: float) -> None:
+    """The replay of a fused run (counter noise) on ``layers``: each step's (q, D) draw redrawn in one call and
+    added as the fused step adds it (:func:`prge_lib.zo.fused.apply_fused_update`)."""
+    for t, g in checked_steps(steps, q):
         z = draw_all(layers, step_seeds(seed, t, q))
         apply_fused_update(layers, z, torch.tensor([float(v) for v in g], dtype=torch.float32, device=z.device), lr)
 
 
-def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> bool:
+def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> None:
     """Bring ``method`` (as built for its run, at step 0) to step T = len(projected_grads) by replaying the
-    run's recorded projected gradients: P-RGE and MeZO on LoRA-FA, per layer or fused, alone or a run of a
-    pack. Returns False, changing nothing, for a method whose adapter is not rebuilt so (first-order methods,
+    run's recorded projected gradients, as its steps updated it: P-RGE and MeZO on LoRA-FA, per layer or fused,
+    alone or a run of a pack (:func:`can_rebuild`); a ValueError for any other method (first-order methods,
     MeZO (Full), SensZOQ)."""
+    steps = enumerate(projected_grads)
     if isinstance(method, PackedMethod):
         run = method.pack.runs[method.r]
-        if method.pack.fused:
-            replay_fused(run.layers, run.seed, run.q, run.lr, projected_grads)
-        else:
-            for t, g in enumerate(projected_grads):
-                apply_update(run.layers, step_seeds(run.seed, t, run.q), g, run.lr)
-        return True
-    if isinstance(method, FusedPRGE):
-        replay_fused(method.layers, method.seed, method.q, method.lr, projected_grads)
-        return True
-    if isinstance(method, PRGE):
-        replay(method, projected_grads)
-        return True
-    return False
+        (replay_fused if method.pack.fused else replay_layers)(run.layers, run.seed, run.q, steps, run.lr)
+    elif isinstance(method, PRGE):
+        (replay_fused if isinstance(method, FusedPRGE) else replay_layers)(method.layers, method.seed, method.q,
+                                                                          steps, method.lr)
+    else:
+        raise ValueError(f"{type(method).__name__} is not rebuilt from projected gradients; only P-RGE and MeZO "
+                         f"on LoRA-FA are")
 
 
 def can_rebuild(method) -> bool:

@@ -116,12 +116,18 @@ def graphs_match(make_model, steps: int = 3) -> dict:
             "max_loss_or_g_gap": worst_loss, "max_b_gap": worst_b}
 
 
+def _pack_settings(runs: int) -> list[dict]:
+    """``runs`` fused runs of one q (so a pack steps them with its batched update), each with its own seed, lr
+    and, every other run, ε."""
+    return [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2 * (1 + r % 2),
+             "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+
+
 def _packs_agree(make_model, steps: list[dict[int, int]], width_groups: int = 1) -> dict:
     """The same fused pack with and without CUDA graphs over ``steps`` (each: run → its batch length), with its
     largest gaps in the records (loss, g) and in the B's."""
     runs = 1 + max(r for step in steps for r in step)
-    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2 * (1 + r % 2),
-                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    settings = _pack_settings(runs)
     packs = [build_pack(make_model("fp32"), settings, pad_id=0, fused=True, graphs=graphs, width_groups=width_groups)
              for graphs in (False, True)]
     model = packs[0].model
@@ -153,8 +159,7 @@ def group_graphs(make_model) -> dict:
 def seed_replay(make_model, runs: int = 4, steps: int = 5) -> dict:
     """A pack of runs of one q (the batched update, as CUDA graphs on a GPU) steps ``steps`` times; each run is then
     rebuilt on a fresh pack from its recorded projected gradients alone, and its digest compared."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 16, "alpha": 16, "noise": "counter", "q": 4, "eps": 1e-2,
-                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    settings = _pack_settings(runs)
     model = make_model("fp32")
     trained = build_pack(model, settings, pad_id=0, fused=True, graphs=next(model.parameters()).device.type == "cuda")
     history = {r: [] for r in range(runs)}
