@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, forward_flops, forward_tokens,
-                                               pack_spec, parse_configs, peak_flops, real_token_share, step_batches,
-                                               step_flops)
+from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, eval_spec, forward_flops,
+                                               forward_tokens, pack_spec, parse_configs, peak_flops, real_token_share,
+                                               step_batches, step_flops)
 from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.models.objective import collate
 
@@ -23,7 +23,10 @@ def test_config_names():
     assert parse_configs("packed-256-g4,packed-max-g2") == ["packed-256-g4", "packed-max-g2"]
     assert pack_spec("packed-256-g4") == (256, 4) and pack_spec("packed-max") == (None, 1)
     assert pack_spec("packed-8") == (8, 1) and pack_spec("optimised") is None
-    for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2"):
+    assert parse_configs("eval-16,packed-8") == ["eval-16", "packed-8"]
+    assert eval_spec("eval-16") == 16 and eval_spec("eval-0") is None and eval_spec("packed-8") is None
+    for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
+                "eval-0", "eval-x", "eval"):
         with pytest.raises(ValueError):
             parse_configs(bad)
 
@@ -98,6 +101,22 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
         for name in ("optimised", "packed-2", "packed-max", "packed-4-g2"):
             assert ratios[f"{name}_over_eager"] == pytest.approx(
                 records[name]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
+
+
+def test_evaluations_alone_and_together_are_measured(tiny_factory, tokenizer):
+    """eval-N: N runs' validation sets scored one run after another and in shared forwards; both rates come from
+    the two recorded times, and the predictions agree (the same adapters, the same examples)."""
+    def make_model(dtype):
+        return tiny_factory(0, 1), tokenizer
+
+    lines = []
+    result = engine_bench(make_model, ["eval-3"], ["sst2"], dtype="fp32", progress=lines.append, eval_examples=10)
+    record = result["tasks"]["sst2"]["configs"]["eval-3"]
+    assert record["runs"] == 3 and record["examples_per_run"] == 10 and record["same_predictions"] is True
+    assert record["examples_per_s_alone"] == pytest.approx(30 / record["alone_s"])
+    assert record["examples_per_s_together"] == pytest.approx(30 / record["together_s"])
+    assert record["together_over_alone"] == pytest.approx(record["alone_s"] / record["together_s"])
+    assert result["tasks"]["sst2"]["ratios"] == {} and "eval-3" in lines[0]
 
 
 def test_the_largest_pack_stops_at_the_first_size_out_of_memory():

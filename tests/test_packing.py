@@ -373,3 +373,105 @@ def test_a_pack_resumes_from_seed_checkpoints(tiny_factory, tokenizer, task_data
     for r in range(3):
         assert adapter_digest(again.trainers[r].method.trainable()) == \
             adapter_digest(whole.trainers[r].method.trainable())
+
+
+def evaluation_pack(tiny_factory, fused: bool) -> Pack:
+    """Three runs on the tiny model, each with its own nonzero B (seeded), so an adapter mix-up shows."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter" if fused else "torch", "q": 2,
+                 "eps": 1e-2, "lr": 1e-2, "seed": r, "keep_noise": True} for r in range(3)]
+    pack = build_pack(tiny_factory(), settings, pad_id=0, fused=fused)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for run in pack.runs:
+            for layer in run.layers:
+                layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=generator))
+    return pack
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("sizes", [(3, 3, 3), (3, 2, 4)])
+def test_a_packs_evaluation_forward_scores_each_run_as_alone(tiny_factory, tokenizer, task_data, fused, sizes):
+    """Pack.each_own: the runs' evaluation batches in one forward, each run's rows through its own adapter, give
+    each run's answer logits as the run alone does, within the rounding bound of the module docstring (Δz ≤
+    2 S √K u Z: only how products are grouped and the padded length change); two tasks (SST-2, RTE), batch sizes
+    equal (the batched products over runs) or not (each run's rows in turn). Not vacuous: the rows of run 0
+    scored through run 1's adapter differ by far more than the bound."""
+    from prge_lib.data.tasks import check_single_token
+    from prge_lib.training.evaluate import answer_logits, answer_logits_many, zero_shot, zero_shot_many
+
+    pack = evaluation_pack(tiny_factory, fused)
+    tasks = ["sst2", "rte", "sst2"]
+    jobs = [(get_task(name), task_data(name).val[:6]) for name in tasks]
+    sources = [([task.prompt(ex) for ex in examples], check_single_token(task, tokenizer)) for task, examples in jobs]
+    parts_seen = []
+
+    def own(parts):
+        parts_seen.append(parts)
+        return pack.each_own(parts)
+
+    together = answer_logits_many(pack.model, tokenizer, sources, list(sizes), rows=own)
+    alone = []
+    for r, (prompts, ids) in enumerate(sources):
+        with pack.solo(r):
+            alone.append(answer_logits(pack.model, tokenizer, prompts, ids, batch_size=sizes[r]))
+    assert len(parts_seen) == 6 // min(sizes)             # the most batches one run has, not the sum over runs
+    assert any(len({n for _, n in parts}) > 1 for parts in parts_seen) == (len(set(sizes)) > 1)
+    config = pack.model.config
+    stages = 10 * config.num_hidden_layers + 2
+    k = max(config.intermediate_size, config.hidden_size, 64)
+    for r, (mine, theirs) in enumerate(zip(together, alone)):
+        bound = 2 * stages * math.sqrt(k) * U * float(theirs.abs().max())
+        gap = float((mine - theirs).abs().max())
+        print(f"run {r}: gap {gap:.2e}, bound {bound:.2e}")
+        assert gap <= bound, (r, gap, bound)
+    with pack.each_own([(1, len(sources[0][0]))]):                # run 0's prompts, run 1's adapter
+        crossed = answer_logits(pack.model, tokenizer, sources[0][0], sources[0][1], batch_size=len(sources[0][0]))
+    assert float((crossed - alone[0]).abs().max()) > 100 * 2 * stages * math.sqrt(k) * U * float(alone[0].abs().max())
+    # the whole evaluation: each run's result is its result alone (predictions and metric)
+    results = zero_shot_many(jobs, pack.model, tokenizer, list(sizes), rows=pack.each_own)
+    for r, (task, examples) in enumerate(jobs):
+        with pack.solo(r):
+            reference = zero_shot(task, pack.model, tokenizer, examples, sizes[r])
+        assert results[r]["predictions"] == reference["predictions"] and results[r]["value"] == reference["value"]
+
+
+def test_each_own_refuses_unknown_or_repeated_runs_and_gradients(tiny_factory):
+    pack = evaluation_pack(tiny_factory, fused=False)
+    for rows in ([(3, 2)], [(0, 2), (0, 2)], [(-1, 1)]):
+        with pytest.raises(ValueError, match="each_own takes distinct runs of this pack of 3"):
+            with pack.each_own(rows):
+                pass
+    ids = torch.ones(2, 4, dtype=torch.long)
+    with pack.each_own([(0, 1), (1, 1)]), pytest.raises(RuntimeError, match="runs under torch.no_grad"):
+        pack.model(input_ids=ids)
+
+
+def test_a_pack_evaluates_its_runs_together(tiny_factory, tokenizer, task_data, monkeypatch):
+    """PackedTrainer: the runs due an evaluation score their validation (and test) sets in shared forwards, and
+    each run's evaluations are those of the same run trained alone; ``eval_together`` caps the runs per forward."""
+    from prge_lib.training import packed as packed_module
+
+    runs = configs("same-q", **FUSED)
+    calls = []
+    real = packed_module.zero_shot_many
+
+    def spy(jobs, *args, **kwargs):
+        calls.append(len(jobs))
+        return real(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(packed_module, "zero_shot_many", spy)
+    trainer = packed(tiny_factory, tokenizer, task_data, runs)
+    results = trainer.run()
+    assert calls and max(calls) == 3                   # the three runs' validation sets in one evaluation
+    for config, result in zip(runs, results):
+        reference = solo(tiny_factory, tokenizer, task_data, config).run()
+        assert [e["step"] for e in result["evals"]] == [e["step"] for e in reference["evals"]] == [0, 2, 4]
+        assert result["evals"] == reference["evals"], (result["evals"], reference["evals"])
+        assert result["elapsed_s"]["eval_s"] > 0
+    calls.clear()
+    capped = PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], progress=False,
+                           eval_together=2)
+    assert [r["evals"] for r in capped.run()] == [r["evals"] for r in results]
+    assert max(calls) == 2
+    with pytest.raises(ValueError, match="eval_together takes a whole number of runs ≥ 1, got 0"):
+        PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], eval_together=0)

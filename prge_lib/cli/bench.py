@@ -59,7 +59,8 @@ def run_engine_bench(args) -> int:
     except ValueError:
         raise ValueError(f"--q takes one integer with --configs, got {args.q_list!r}") from None
     check_zo_settings(q, args.E, dtype=args.dtype)
-    check_numbers({"repeats": args.repeats, "max_pack": args.max_pack}, options=True)
+    check_numbers({"repeats": args.repeats, "max_pack": args.max_pack, "eval_examples": args.eval_examples},
+                  options=True)
     buckets = parse_buckets(args.buckets)
     check_device(args.device)
     start = time.perf_counter()
@@ -67,8 +68,9 @@ def run_engine_bench(args) -> int:
                           q=q, E=args.E, seq_len=args.seq_len, buckets=buckets, dtype=args.dtype,
                           steps=args.repeats, warmup=args.warmup, max_pack=args.max_pack,
                           graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr),
-                          profile=args.profile)
+                          profile=args.profile, eval_examples=args.eval_examples)
     result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
+                   **({"eval_examples": args.eval_examples} if any(c.startswith("eval-") for c in configs) else {}),
                    "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "batches": "real training batches (prompts cut to --seq-len)", "repeats": args.repeats,
                    "warmup": args.warmup, "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)})
@@ -129,9 +131,12 @@ def bench_options(be) -> None:
                          "optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max, and "
                          "either pack with -gK (its runs in K forwards by batch width, e.g. packed-256-g4); on real "
                          "batches of --task (comma-separated, default sst2,rte): run-steps per second, MFU, ratios "
-                         "to eager")
+                         "to eager; eval-N: N runs' validation sets scored one run after another and in shared "
+                         "forwards (examples per second both ways)")
     be.add_argument("--buckets", default="64,128,256", help="--configs: the length buckets of the optimised steps")
     be.add_argument("--max-pack", type=int, default=256, help="--configs: the largest pack packed-max tries")
+    be.add_argument("--eval-examples", type=int, default=256,
+                    help="--configs eval-N: validation examples each run scores")
     be.add_argument("--no-graphs", action="store_true", help="--configs: the optimised step without CUDA graphs")
     be.add_argument("--profile", action="store_true",
                     help="--configs: run one step of each configuration again under torch.profiler and record "

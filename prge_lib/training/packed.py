@@ -12,6 +12,10 @@ counter noise; ``buckets`` pad the pack's batch to a bucket length). Methods: ``
 (P-RGE with q = 1). A pack's step runs every copy of every run in one forward, whatever a run's ``outer``/``inner``
 switches say: they change the speed of an unpacked run, not its numbers beyond float rounding (chapter 5).
 
+Evaluations are packed too: the runs due an evaluation after a step (and at step 0 and the end) score their
+validation sets in shared forwards, each run's rows through its own adapter (``Pack.each_own``, ``zero_shot_many``),
+up to ``eval_together`` runs per forward; a run's ``eval_s`` counts the evaluations it took part in.
+
 A run that reaches its steps leaves the pack; a run whose loss turns non-finite is recorded as diverged (the
 last good state in its checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go
 on. ``step_s`` of a packed run is the time of the whole pack's step it took part in.
@@ -34,10 +38,12 @@ from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import check_checkpoint_folder
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.records import diverged_record, finished_record
-from prge_lib.training.trainer import Trainer, TrainingDiverged
+from prge_lib.training.evaluate import zero_shot_many
+from prge_lib.training.trainer import Trainer, TrainingDiverged, evaluate_runs, finish_evaluations
 from prge_lib.zo.packing import build_pack
 
 PACKABLE = ("prge", "mezo-lorafa")          # the methods whose runs can share a forward
+EVAL_TOGETHER = 16     # runs whose evaluation batches share one forward (16 runs × 16 rows by default)
 SHARED = ("model", "dtype", "quant", "device", "layers", "targets", "engine", "buckets", "cuda_graphs")   # what every run of a pack must agree on
 
 
@@ -78,13 +84,18 @@ def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
 class PackedTrainer:
     """Train the runs of ``configs`` together (see the module docstring). ``data[r]`` and ``checkpoint_dirs[r]``
     are run r's (None: sampled by its seed / no checkpoints); ``names`` default to :func:`run_name`;
-    ``width_groups``: each step's runs in that many forwards by batch width (``prge_lib.zo.packing.Pack``)."""
+    ``width_groups``: each step's runs in that many forwards by batch width (``prge_lib.zo.packing.Pack``);
+    ``eval_together``: at most this many runs' evaluation batches in one forward."""
 
     def __init__(self, configs: Sequence[TrainConfig], model=None, tokenizer=None,
                  data: Sequence[TaskData | None] | None = None,
                  checkpoint_dirs: Sequence[str | os.PathLike | None] | None = None,
-                 names: Sequence[str] | None = None, progress: bool = True, width_groups: int = 1):
+                 names: Sequence[str] | None = None, progress: bool = True, width_groups: int = 1,
+                 eval_together: int = EVAL_TOGETHER):
         configs = check_packable(configs)
+        if isinstance(eval_together, bool) or not isinstance(eval_together, int) or eval_together < 1:
+            raise ValueError(f"eval_together takes a whole number of runs ≥ 1, got {eval_together!r}")
+        self.eval_together = eval_together
         count = len(configs)
         data = list(data) if data is not None else [None] * count
         checkpoint_dirs = list(checkpoint_dirs) if checkpoint_dirs is not None else [None] * count
@@ -127,9 +138,9 @@ class PackedTrainer:
             raise ValueError(f"resume: {len(resumes)} flags given for {len(self.trainers)} runs")
         for trainer, again in zip(self.trainers, resumes):   # every folder checked before any run starts
             check_checkpoint_folder(trainer.checkpoint_path(), again, restart)
-        for r, (trainer, again) in enumerate(zip(self.trainers, resumes)):
-            with self.pack.solo(r):
-                trainer.begin(again, restart)
+        for trainer, again in zip(self.trainers, resumes):
+            trainer.begin(again, restart, evaluate=False)
+        evaluate_runs([t for t in self.trainers if t.config.eval_every and not t.history["evals"]], self.score)
         active = [r for r, trainer in enumerate(self.trainers) if trainer.step < trainer.config.steps]
         bar = tqdm(total=max(t.config.steps for t in self.trainers), initial=min(t.step for t in self.trainers),
                    desc=f"pack of {len(self.trainers)}", disable=not self.progress)
@@ -140,12 +151,15 @@ class PackedTrainer:
             took = time.perf_counter() - start
             for r in list(active):
                 trainer, t = self.trainers[r], work[r][1]
-                if not records[r]["finite"]:
+                if records[r]["finite"]:
+                    trainer.book_step(t, records[r], took)
+                else:
                     self.diverged[r] = trainer.diverged(t, records[r])
                     active.remove(r)
-                    continue
-                with self.pack.solo(r):
-                    trainer.record_step(t, records[r], took)
+            evaluate_runs([self.trainers[r] for r in active if self.trainers[r].evaluation_due()], self.score)
+            for r in list(active):
+                trainer = self.trainers[r]
+                trainer.checkpoint_if_due()
                 if trainer.step >= trainer.config.steps:
                     active.remove(r)
             bar.update(1)
@@ -157,7 +171,27 @@ class PackedTrainer:
                     stopped[self.names[r]] = (trainer.step, trainer.config.steps, trainer.save_checkpoint())
                 raise PackStopped(stopped)
         bar.close()
+        finish_evaluations(self.trainers, self.score)
         return [self.result(r) for r in range(len(self.trainers))]
+
+    def score(self, jobs: list[tuple[Trainer, list[dict]]]) -> list[float]:
+        """Each (trainer, examples) job's metric, the jobs of up to ``eval_together`` runs sharing each forward
+        (each run's rows through its own adapter); every run's ``eval_s`` gains the time of the evaluations it
+        was part of."""
+        run_of = {id(trainer): r for r, trainer in enumerate(self.trainers)}
+        values = []
+        for first in range(0, len(jobs), self.eval_together):
+            chunk = jobs[first:first + self.eval_together]
+            runs = [run_of[id(trainer)] for trainer, _ in chunk]
+            start = time.perf_counter()
+            results = zero_shot_many([(trainer.task, examples) for trainer, examples in chunk], self.model,
+                                     self.tokenizer, [trainer.config.eval_batch_size for trainer, _ in chunk],
+                                     rows=lambda parts: self.pack.each_own([(runs[j], n) for j, n in parts]))
+            took = time.perf_counter() - start
+            for trainer in {id(trainer): trainer for trainer, _ in chunk}.values():
+                trainer.elapsed["eval_s"] += took
+            values += [result["value"] for result in results]
+        return values
 
     def result(self, r: int) -> dict:
         """Run ``r``'s result: ``Trainer.summary()`` (evaluated on run r's adapter alone), its status, model and

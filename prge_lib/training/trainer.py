@@ -67,6 +67,34 @@ def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
     return registry.get(config.method).build(config, model, tokenizer, task_batches)
 
 
+def score_alone(jobs: list[tuple["Trainer", list[dict]]]) -> list[float]:
+    """The metric of each (trainer, examples) job, each trainer evaluating on its own model in turn: the scorer of
+    :func:`evaluate_runs` for runs that do not share a forward (a pack scores its runs' jobs together)."""
+    return [trainer.evaluate(examples) for trainer, examples in jobs]
+
+
+def evaluate_runs(trainers: list["Trainer"], score) -> list[dict]:
+    """Evaluate each of ``trainers`` at its current step, as ``Trainer.record_evaluation`` does for one: every
+    validation set in one call of ``score([(trainer, examples), …]) -> [metric, …]``, then the test sets of the
+    runs whose validation is a new best in a second; each evaluation is booked in its run's history."""
+    if not trainers:
+        return []
+    vals = score([(trainer, trainer.data.val) for trainer in trainers])
+    testing = [r for r, (trainer, val) in enumerate(zip(trainers, vals)) if trainer.wants_test(val)]
+    tests = dict(zip(testing, score([(trainers[r], trainers[r].data.test) for r in testing]) if testing else []))
+    return [trainer.book_evaluation(trainer.step, val, tests.get(r)) for r, (trainer, val) in
+            enumerate(zip(trainers, vals))]
+
+
+def finish_evaluations(trainers: list["Trainer"], score) -> None:
+    """What ``Trainer.summary`` evaluates before a result, for many runs at once (:func:`evaluate_runs`): an
+    evaluation at the last step where there is none, then the test set wherever that last one lacks it."""
+    evaluate_runs([trainer for trainer in trainers if trainer.final_evaluation_missing()], score)
+    lacking = [trainer for trainer in trainers if "test" not in trainer.history["evals"][-1]]
+    for trainer, test in zip(lacking, score([(trainer, trainer.data.test) for trainer in lacking]) if lacking else []):
+        trainer.history["evals"][-1]["test"] = test
+
+
 class Trainer:
     """Train ``config.method`` on ``config.task``; see the module docstring for the protocol.
 
@@ -143,21 +171,37 @@ class Trainer:
 
     # ----- evaluation
     def evaluate(self, examples: list[dict]) -> float:
-
+        """The task's metric on ``examples`` with the run's current adapter (its time counts as evaluation)."""
         start = time.perf_counter()
         value = zero_shot(self.task, self.model, self.tokenizer, examples, self.config.eval_batch_size)["value"]
         self.elapsed["eval_s"] += time.perf_counter() - start
         return value
 
-    def record_evaluation(self, step: int) -> dict:
-        """Validation accuracy at ``step``, plus test accuracy when it is the best validation so far (the
-        paper's model selection: test is reported at the best validation step); appended to the history."""
-        record = {"step": step, "val": self.evaluate(self.data.val)}
-        best = max((e["val"] for e in self.history["evals"]), default=-math.inf)
-        if record["val"] > best:
-            record["test"] = self.evaluate(self.data.test)
+    def evaluation_due(self) -> bool:
+        """Whether the schedule evaluates after the step just booked."""
+        return bool(self.config.eval_every) and self.step % self.config.eval_every == 0
+
+    def wants_test(self, val: float) -> bool:
+        """Whether a validation score is a new best, so the test set is scored with it."""
+        return val > max((e["val"] for e in self.history["evals"]), default=-math.inf)
+
+    def book_evaluation(self, step: int, val: float, test: float | None = None) -> dict:
+        record = {"step": step, "val": val, **({"test": test} if test is not None else {})}
         self.history["evals"].append(record)
         return record
+
+    def record_evaluation(self, step: int) -> dict:
+        """Validation accuracy at ``step``, plus test accuracy when it is the best validation so far (the
+        paper's model selection: test is reported at the best validation step); appended to the history.
+        ``step`` is the step the run is at (it names the evaluation)."""
+        if step != self.step:
+            raise ValueError(f"an evaluation at step {step}, but the run is at step {self.step}")
+        return evaluate_runs([self], score_alone)[0]
+
+    def final_evaluation_missing(self) -> bool:
+        """Whether the result still lacks an evaluation at the last step."""
+        evals = self.history["evals"]
+        return not evals or evals[-1]["step"] != self.step
 
     # ----- checkpoints
     def checkpoint_path(self) -> Path | None:
@@ -235,9 +279,10 @@ class Trainer:
                                         f"where it was made")
 
     # ----- the loop (its parts are shared with packed runs, prge_lib.training.packed)
-    def begin(self, resume: bool = False, restart: bool = False) -> None:
+    def begin(self, resume: bool = False, restart: bool = False, evaluate: bool = True) -> None:
         """What precedes the first step: the checkpoint folder's check, then the checkpoint resumed (``resume``)
-        or discarded (``restart``), else the evaluation at step 0."""
+        or discarded (``restart``), else the evaluation at step 0 (left to the caller with ``evaluate`` False:
+        a pack evaluates its runs together)."""
         check_checkpoint_folder(self.checkpoint_path(), resume, restart)
         if restart and self.checkpoint_path() is not None:
             self.checkpoint_path().unlink(missing_ok=True)
@@ -246,7 +291,7 @@ class Trainer:
             # a result put together over several sittings says where each later one began (its wall time
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
-        elif self.config.eval_every:
+        elif self.config.eval_every and evaluate:
             self.record_evaluation(0)
 
     def diverged(self, t: int, record: dict) -> TrainingDiverged:
@@ -259,21 +304,28 @@ class Trainer:
                                 f"update was not applied and training stopped; {where}. Lower "
                                 f"the learning rate (now {self.config.lr}) or ε.")
 
-    def record_step(self, t: int, record: dict, took: float) -> dict:
-        """Book the finite step ``t`` (its record, ``took`` seconds), evaluate and checkpoint where the schedule
-        says; returns the progress bar's postfix."""
-        c = self.config
+    def book_step(self, t: int, record: dict, took: float) -> dict:
+        """Book the finite step ``t`` (its record, ``took`` seconds); returns the progress bar's postfix."""
         self.step = t + 1
         self.elapsed["train_s"] += took
         self.history["losses"].append(record["loss"])
         self.history["step_s"].append(round(took, 5))
         if "projected_grad" in record:
             self.history["projected_grad"].append(record["projected_grad"])
-        postfix = {"loss": f"{record['loss']:.3f}"}
-        if c.eval_every and self.step % c.eval_every == 0:
-            postfix["val"] = f"{self.record_evaluation(self.step)['val']:.3f}"
-        if c.checkpoint_every and self.step % c.checkpoint_every == 0:
+        return {"loss": f"{record['loss']:.3f}"}
+
+    def checkpoint_if_due(self) -> None:
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
             self.save_checkpoint()
+
+    def record_step(self, t: int, record: dict, took: float) -> dict:
+        """Book the finite step ``t``, then evaluate and checkpoint where the schedule says; returns the progress
+        bar's postfix."""
+        postfix = self.book_step(t, record, took)
+        if self.evaluation_due():
+            postfix["val"] = f"{self.record_evaluation(self.step)['val']:.3f}"
+        self.checkpoint_if_due()
         return postfix
 
     def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict:
@@ -303,13 +355,12 @@ class Trainer:
 
     def summary(self) -> dict:
         """The result: settings, per-step losses, evaluations, test at best validation and at the end."""
-        c, evals = self.config, self.history["evals"]
-        if not evals or evals[-1]["step"] != self.step:
+        c = self.config
+        if self.final_evaluation_missing():
             self.record_evaluation(self.step)
-            evals = self.history["evals"]
+        finish_evaluations([self], score_alone)
+        evals = self.history["evals"]
         last = evals[-1]
-        if "test" not in last:
-            last["test"] = self.evaluate(self.data.test)
         # a test score exists for every new best validation score, so the earliest best has one
         best = max(evals, key=lambda e: (e["val"], -e["step"]))
         return {

@@ -56,8 +56,9 @@ class PackedLoRAFALinear(nn.Module):
     """One frozen projection shared by R runs, each with its own LoRA-FA layer on it (``runs[r]``).
 
     In a pack's forward (``rows`` set: (run, rows) in batch order) the base product runs once over all rows and
-    each run adds its copies' low-rank path to its own rows; with ``solo`` set the layer is run ``solo``'s
-    LoRA-FA layer alone (an ordinary forward: evaluation, or a step of that run by itself)."""
+    each run adds its copies' low-rank path to its own rows (with ``own`` set: its own B, no copies, the runs'
+    evaluations in one forward); with ``solo`` set the layer is run ``solo``'s LoRA-FA layer alone (an ordinary
+    forward: a step of that run by itself)."""
 
     def __init__(self, runs: Sequence[LoRAFALinear]):
         super().__init__()
@@ -66,6 +67,7 @@ class PackedLoRAFALinear(nn.Module):
         self.base = runs[0].base
         self.runs = nn.ModuleList(runs)
         self.rows: list[tuple[int, int]] | None = None
+        self.own = False                               # rows through each run's own B (Pack.each_own)
         self.solo: int | None = None
         self.span: tuple[int, int] | None = None      # fused pack: this layer's columns [start, end) of the (R, D) B's
         self.fused: "_StepState | None" = None        # set during a fused pack's step
@@ -81,6 +83,8 @@ class PackedLoRAFALinear(nn.Module):
         if sum(n for _, n in self.rows) != x.shape[0]:
             raise ValueError(f"a batch of {x.shape[0]} rows, but the pack's runs hold {self.rows} rows")
         out = self.base(x)
+        if self.own:
+            return self._own_forward(x, out)
         if self.fused is not None:
             return self._fused_forward(x, out, self.fused)
         inplace = not torch.is_grad_enabled()
@@ -112,6 +116,26 @@ class PackedLoRAFALinear(nn.Module):
                 parts.append(torch.baddbmm(grouped, hg, b, alpha=layer.scaling).reshape(rows.shape))
             start += n
         return out if inplace else torch.cat(parts)
+
+    def _own_forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Each run's rows plus (α/r) (x A_rᵀ) B_rᵀ, its own adapter: with one row count and rank for all, two
+        batched products over the runs; else each run's rows in turn (as ``LoRAFALinear`` without copies)."""
+        if torch.is_grad_enabled():
+            raise RuntimeError("a pack's evaluation forward (Pack.each_own) runs under torch.no_grad()")
+        runs = [self.runs[r] for r, _ in self.rows]
+        if len({n for _, n in self.rows}) == 1 and len({(layer.r, layer.scaling) for layer in runs}) == 1:
+            a = torch.stack([layer.lora_A for layer in runs])                              # (k, r, in)
+            b = torch.stack([layer.lora_B for layer in runs]).transpose(1, 2).to(out.dtype)  # (k, r, out)
+            h = torch.bmm(x.to(a.dtype).reshape(len(runs), -1, x.shape[-1]), a.transpose(1, 2)).to(out.dtype)
+            out.view(len(runs), -1, self.base.out_features).baddbmm_(h, b, alpha=runs[0].scaling)
+            return out
+        start = 0
+        for layer, (_, n) in zip(runs, self.rows):
+            h = F.linear(x[start:start + n].to(layer.lora_A.dtype), layer.lora_A).to(out.dtype)
+            rows = out[start:start + n].view(-1, self.base.out_features)
+            rows.addmm_(h.reshape(-1, layer.r), layer.lora_B.T.to(out.dtype), alpha=layer.scaling)
+            start += n
+        return out
 
     def _fused_forward(self, x: torch.Tensor, out: torch.Tensor, state: "_StepState") -> torch.Tensor:
         """The fused pack's low-rank path: every copy of every working run in a few batched operations."""
@@ -246,6 +270,24 @@ class Pack:
         finally:
             for layer in self.layers:
                 layer.solo = None
+
+    @contextlib.contextmanager
+    def each_own(self, rows: Sequence[tuple[int, int]]):
+        """Within the block a forward's batch is the rows of several runs in order ((run, rows) pairs), each run's
+        through its own adapter (no copies): the evaluations of many runs in one forward
+        (``prge_lib.training.evaluate.zero_shot_many``). Runs without gradients."""
+        rows = [(int(r), int(n)) for r, n in rows]
+        unknown = [r for r, _ in rows if not 0 <= r < len(self.runs)]
+        if unknown or len({r for r, _ in rows}) != len(rows):
+            raise ValueError(f"each_own takes distinct runs of this pack of {len(self.runs)}, "
+                             f"got {[r for r, _ in rows]}")
+        for layer in self.layers:
+            layer.rows, layer.own = rows, True
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.rows, layer.own = None, False
 
     @torch.no_grad()
     def step(self, work: dict[int, tuple[Batch, int]]) -> dict[int, dict]:

@@ -8,6 +8,9 @@ ratios compare like with like.
     packed-N     N runs (seeds 0 … N−1) sharing each forward, fused, bucketed (prge_lib.zo.packing)
     packed-max   the largest pack, doubling from 8 (1 on the CPU) up to ``max_pack``, whose step fits memory
     …-gK         (packed-N-gK, packed-max-gK) each step's runs in K forwards by batch width (Pack.width_groups)
+    eval-N       the validation sets of N runs of a pack scored one run after another, then in shared forwards
+                 (Pack.each_own): examples per second both ways and their ratio, and whether the predictions
+                 agree (at a pack's evaluations, every run scores its validation set, and often its test set)
 
 ``run_steps_per_s`` counts the steps of one run per second (a pack of R makes R per step). ``mfu`` divides the
 FLOPs of the real tokens (padding not counted; :func:`forward_flops`) by the device's dense fp16 peak
@@ -24,6 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from prge_lib.common.measure import release_memory, time_steps
+from prge_lib.data.splits import sample_task
+from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.experiments.bench.profile import profile_step
 from prge_lib.models.buckets import bucket_length, to_bucket
@@ -35,6 +40,7 @@ from prge_lib.zo.lora import inject_lorafa
 from prge_lib.zo.packing import build_pack, group_by_width
 from prge_lib.zo.prge import PRGE
 from prge_lib.zo.prng import compiles_on
+from prge_lib.training.evaluate import zero_shot, zero_shot_many
 from prge_lib.training.records import step_times
 
 # dense (no sparsity) fp16 tensor-core peaks from the vendors' data sheets, FLOP/s; first match of all words wins
@@ -64,15 +70,21 @@ def pack_spec(name: str) -> tuple[int | None, int] | None:
     return (None if size == "max" else int(size)), int(groups[1:])
 
 
+def eval_spec(name: str) -> int | None:
+    """The runs of an evaluation configuration's name (eval-N → N ≥ 1), None for a name that is not one."""
+    kind, _, size = name.partition("-")
+    return int(size) if kind == "eval" and size.isdigit() and int(size) >= 1 else None
+
+
 def parse_configs(text: str) -> list[str]:
-    """``eager,optimised,packed-8,packed-max,packed-256-g4`` as a list, each name checked (packed-N with N ≥ 1,
-    an optional -gK with K ≥ 1 width groups)."""
+    """``eager,optimised,packed-8,packed-max,packed-256-g4,eval-16`` as a list, each name checked (packed-N with
+    N ≥ 1, an optional -gK with K ≥ 1 width groups; eval-N with N ≥ 1)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
-        if name in FIXED or pack_spec(name) is not None:
+        if name in FIXED or pack_spec(name) is not None or eval_spec(name) is not None:
             continue
-        raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1) or "
-                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4)")
+        raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1), "
+                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4) or eval-N (N ≥ 1)")
     if not names:
         raise ValueError("--configs names no configuration")
     return names
@@ -226,6 +238,46 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     return record
 
 
+def measure_evaluation(name: str, make_model: Callable[[str], tuple], task: str, dtype: str, runs: int,
+                       examples: int, batch_size: int = 16) -> dict:
+    """Configuration eval-N: a pack of ``runs`` runs (seeds 0 … N−1) on a fresh model scores ``examples``
+    validation examples of ``task`` per run, first one run after another (``Pack.solo``), then every run's in
+    shared forwards (``Pack.each_own``), each way once after a warm-up evaluation."""
+    model, tokenizer = make_model(dtype)
+    device = next(model.parameters()).device
+    settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": 1,
+                 "eps": 1e-2, "lr": 1e-9, "seed": seed, "keep_noise": True} for seed in range(runs)]
+    pack = build_pack(model, settings, tokenizer.pad_token_id, fused=True)
+    spec = get_task(task)
+    val = sample_task(spec, 0).val[:examples]
+
+    def alone() -> list[dict]:
+        results = []
+        for r in range(runs):
+            with pack.solo(r):
+                results.append(zero_shot(spec, model, tokenizer, val, batch_size))
+        return results
+
+    def together() -> list[dict]:
+        return zero_shot_many([(spec, val)] * runs, model, tokenizer, batch_size, rows=pack.each_own)
+
+    seconds, predictions = {}, {}
+    for way, evaluate in (("alone", alone), ("together", together)):
+        def timed(t: int, way=way, evaluate=evaluate) -> None:
+            predictions[way] = [result["predictions"] for result in evaluate()]
+        seconds[way], = time_steps(timed, 1, 1, device.type == "cuda")      # after a warm-up evaluation
+    scored = runs * len(val)
+    record = {"config": name, "dtype": dtype, "runs": runs, "examples_per_run": len(val), "batch_size": batch_size,
+              "alone_s": seconds["alone"], "together_s": seconds["together"],
+              "examples_per_s_alone": scored / seconds["alone"],
+              "examples_per_s_together": scored / seconds["together"],
+              "together_over_alone": seconds["alone"] / seconds["together"],
+              "same_predictions": predictions["alone"] == predictions["together"]}
+    del pack, model
+    release_memory()
+    return record
+
+
 def largest_pack(try_pack: Callable[[int], dict], start: int, cap: int) -> tuple[int, dict | None, list]:
     """Double the pack size from ``start`` while ``try_pack(R)`` (a measurement) runs without running out of
     memory, up to ``cap``; returns the largest R that ran, its record and what stopped each failed size."""
@@ -245,12 +297,12 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                  q: int = 4, E: int = 16, seq_len: int = 256,
                  buckets: Sequence[int] | None = (64, 128, 256), dtype: str = "fp16", steps: int = 5,
                  warmup: int = 2, max_pack: int = 256, graphs: bool = True,
-                 progress: Callable[[str], None] = print, profile: bool = False) -> dict:
+                 progress: Callable[[str], None] = print, profile: bool = False, eval_examples: int = 256) -> dict:
     """Measure ``configs`` on real training batches of each of ``tasks`` (prompts cut to ``seq_len``) and
     return, per task, each configuration's record with its ``mfu`` and its ratios to ``eager`` (when
-    measured), plus the device's name and peak (with ``profile``, each record's ``profile``: :func:`measure`).
-    ``make_model(dtype)`` returns (model, tokenizer) on the device
-    to measure."""
+    measured), plus the device's name and peak (with ``profile``, each record's ``profile``: :func:`measure`;
+    eval-N: :func:`measure_evaluation` over ``eval_examples`` validation examples per run). ``make_model(dtype)``
+    returns (model, tokenizer) on the device to measure."""
     configs = list(configs)
     probe, _ = make_model("fp32")
     device = next(probe.parameters()).device
@@ -268,6 +320,12 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
 
         records = {}
         for config in configs:
+            if eval_spec(config) is not None:
+                record = records[config] = measure_evaluation(config, make_model, task, dtype, eval_spec(config),
+                                                              eval_examples)
+                progress(f"{task} {config}: {record['examples_per_s_together']:.1f} examples/s together, "
+                         f"{record['together_over_alone']:.2f}× one run after another")
+                continue
             spec = pack_spec(config)
             if spec is not None and spec[0] is None:                 # packed-max(-gK)
                 size, record, stops = largest_pack(lambda r: run(config, r, spec[1]),
