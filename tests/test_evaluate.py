@@ -109,3 +109,42 @@ def test_multiple_choice_accuracy_is_that_of_the_chosen_answers(tokenizer):
     result = zero_shot(task, model, tokenizer, examples, batch_size=3)
     assert result["predictions"] == [0, 1, 1, 0]
     assert result["value"] == 3 / 4
+
+
+def test_jobs_of_every_kind_evaluated_together_give_their_results_alone(tiny_factory, tokenizer, fixture_data):
+    """zero_shot_many: jobs of several tasks and kinds (classification, multiple choice, generation), each batched as
+    alone and their k-th batches in one forward, on one model and on a pack of runs (each job its own run's
+    adapter, ``Pack.each_own``): every job's predictions and metric are those of the job evaluated alone."""
+    from prge_lib.training.evaluate import zero_shot_many
+    from prge_lib.zo.defaults import DEFAULT_TARGETS
+    from prge_lib.zo.packing import build_pack
+
+    names = ["sst2", "copa", "squad", "rte", "copa"]
+    jobs = [(get_task(name), sample_task(get_task(name), k, n_train=4, n_val=5, n_test=2, root=fixture_data).val)
+            for k, name in enumerate(names)]
+    model = tiny_factory(0, 1)
+    together = zero_shot_many(jobs, model, tokenizer, [4, 3, 4, 2, 5])
+    for (task, examples), result, size in zip(jobs, together, [4, 3, 4, 2, 5]):
+        assert result == zero_shot(task, model, tokenizer, examples, size)
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "torch", "q": 1, "eps": 1e-2, "lr": 1e-2,
+                 "seed": r, "keep_noise": True} for r in range(len(jobs))]
+    pack = build_pack(tiny_factory(0, 1), settings, tokenizer.pad_token_id)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for run in pack.runs:
+            for layer in run.layers:
+                layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=generator))
+    together = zero_shot_many(jobs, pack.model, tokenizer, 3, rows=pack.each_own)
+    for r, ((task, examples), result) in enumerate(zip(jobs, together)):
+        with pack.solo(r):
+            alone = zero_shot(task, pack.model, tokenizer, examples, 3)
+        assert result["predictions"] == alone["predictions"] and result["value"] == alone["value"], (task.name, r)
+
+
+def test_evaluating_together_refuses_bad_batch_sizes(embedded):
+    from prge_lib.training.evaluate import zero_shot_many
+
+    job = (get_task("sst2"), [{"sentence": "fine", "label": 1}])
+    for bad in (0, [4], [4, 0], True):
+        with pytest.raises(ValueError, match="batch_size: a whole number ≥ 1, or one per source"):
+            zero_shot_many([job, job], *embedded, bad)
