@@ -33,12 +33,12 @@ def _read(cell: rp.Cell, results) -> dict:
 
 @pytest.fixture(scope="module")
 def grid(fixture_data, tiny_folder, tiny_factory, tokenizer, tmp_path_factory):
-    """Four SST-2/RTE cells (P-RGE q 4 seeds 0 and 1, MeZO LoRA-FA seed 0 on SST-2, P-RGE q 4 on RTE) run with
-    --pack 1 and --pack 3, and each cell's rounding bound from its solo run."""
+    """Four SST-2/RTE cells (P-RGE q 4 seeds 0 and 1 on SST-2, P-RGE q 4 on RTE, MeZO LoRA-FA seed 0 on SST-2)
+    run with --pack 1 and --pack 3, and each cell's rounding bound from its solo run."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRGE_DATA_DIR", str(fixture_data))
-        cells = (_cells(tiny_folder, "sst2/prge-q4", (0, 1)) + _cells(tiny_folder, "sst2/mezo-lorafa")
-                 + _cells(tiny_folder, "rte/prge-q4"))
+        cells = (_cells(tiny_folder, "sst2/prge-q4", (0, 1)) + _cells(tiny_folder, "rte/prge-q4")
+                 + _cells(tiny_folder, "sst2/mezo-lorafa"))
         root = tmp_path_factory.mktemp("packed-grid")
         solo, packed = root / "solo", root / "packed"
         rp.run_grid(cells, results=solo, checkpoints=root / "ck1", pack=1, **QUIET)
@@ -67,7 +67,8 @@ def _within_bound(result: dict, reference: dict, bound: dict) -> None:
 
 def test_a_packed_grid_writes_the_solo_result_files(grid):
     cells, solo, packed = grid["cells"], grid["solo"], grid["packed"]
-    # the three SST-2 cells share a pack; the RTE cell, alone in its pack, runs as before
+    # the three P-RGE q 4 cells share a pack (SST-2's, then RTE's); MeZO on LoRA-FA, of another step shape (q 1,
+    # 16 rows per copy), is not packed with them and runs alone, as before
     assert grid["said"][1] == f"pack of 3: {', '.join(c.name for c in cells[:3])}"
     assert grid["said"][2] == f"cell {cells[3].name}"
     for cell in cells[:3]:
@@ -219,14 +220,21 @@ def test_pack_options_are_checked(tmp_path, capsys):
     assert "--pack takes a number of cells per pack >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--pack 3: packs train in this process; with --backend ray"):
         rp.run_grid(rp.grid_cells("table1", only="sst2/prge-q4"), backend="ray", pack=3, results=tmp_path)
-    # zero-shot, FO and MeZO (Full) cells train alone; the others pack by model, task first
+    # zero-shot, FO and MeZO (Full) cells train alone; the others pack by model, then step shape (q, E), then task
     cells = rp.grid_cells("table1", "cpu", only="seed0")
     plan = rp.plan_packs(cells, 4)
     assert all(len(unit) == 1 for unit in plan if unit[0].row.method in ("zeroshot", "fo", "fo-lorafa", "mezo"))
     packed = [unit for unit in plan if len(unit) > 1]
-    assert [len(unit) for unit in packed][:2] == [4, 4] and packed[0][0].task == "sst2"
-    order = [c.task for unit in packed for c in unit]
-    assert order == sorted(order, key=list(rp.GRIDS["table1"]["tasks"]).index)       # by task first
+    assert [len(unit) for unit in packed] == [4, 2] * 3 and packed[0][0].task == "sst2"     # 6 tasks per shape
+    assert all(len({rp.step_shape(c) for c in unit}) == 1 for unit in plan)      # no pack mixes shapes
+    shapes = list(dict.fromkeys(rp.step_shape(c) for unit in packed for c in unit))
+    assert len(shapes) == 3                                     # MeZO on LoRA-FA, P-RGE q 4, P-RGE q 16
+    for shape in shapes:
+        order = [c.task for unit in packed for c in unit if rp.step_shape(c) == shape]
+        assert order == sorted(order, key=list(rp.GRIDS["table1"]["tasks"]).index)   # by task within a shape
+    # the paper profile's SST-2 ZO rows (4 rates × 5 seeds each) in packs of 8: 8, 8 and 4 per shape, none mixed
+    paper = rp.plan_packs(rp.grid_cells("table1", "paper", only="sst2/mezo-lorafa|sst2/prge", device="cuda"), 8)
+    assert [len(unit) for unit in paper] == [8, 8, 4] * 3
     assert sorted(c.name for unit in plan for c in unit) == sorted(c.name for c in cells)
     assert rp.plan_packs(cells, 1) == [[c] for c in cells]
     gpu = rp.grid_cells("table1", "cpu", only="sst2/prge-q4-E16_lr1e-3_seed0", device="cuda")

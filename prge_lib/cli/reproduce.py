@@ -129,8 +129,10 @@ def reproduce_options(rp) -> None:
     rp.add_argument("--pack", type=int, default=None, metavar="N",
                     help="train up to N training cells in one pack, one forward per step for all of them "
                     "(prge_lib.training.packed): the cells still to run of a packable method (prge, mezo-lorafa) "
-                    "that share model, dtype, quant, device, layers and targets are grouped by task first, then cut "
-                    "into packs of up to N (a task's last pack filled with the next task's cells); the other cells "
+                    "that share model, dtype, quant, device, layers and targets are grouped by step shape (q and E: a "
+                    "pack never mixes them, so its step stays one batched product and one CUDA graph), then by task, "
+                    "then cut into packs of up to N (a task's last pack filled with the next task's cells of that "
+                    "shape); the other cells "
                     "run alone. Each cell keeps its own lock, checkpoint and result file (which records the pack). "
                     f"Default {DEFAULT_GPU_PACK} with --device cuda and the local backend, else 1 (no packs); "
                     "--list prices packed cells")

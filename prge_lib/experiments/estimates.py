@@ -6,6 +6,7 @@ pack's step, measured where a packed result exists.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import statistics
 from pathlib import Path
@@ -52,20 +53,34 @@ def _batch_examples(config: dict) -> int:
     return max(1, config.get("E", 16) // config.get("q", 1))
 
 
-@functools.lru_cache(maxsize=None)
+def _data_setting() -> str:
+    """What the data are read from (``PRGE_DATA_DIR``): part of the caches' keys below, so that a process that
+    changes the setting does not price its tasks from the data read before."""
+    return os.environ.get("PRGE_DATA_DIR", "")
+
+
 def _prompt_lengths(task: str, seed: int = 0) -> tuple[tuple[int, ...], int]:
     """Lengths in characters of the texts a training step reads from ``task``'s training sample (prompt and
     answer), and how many examples one evaluation reads (validation + test)."""
+    return _prompt_lengths_in(task, seed, _data_setting())
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_lengths_in(task: str, seed: int, data: str) -> tuple[tuple[int, ...], int]:
     t = get_task(task)
     data = sample_task(t, seed)
     lengths = [sum(map(len, t.training_pair(r))) for r in data.train]
     return tuple(lengths), len(data.val) + len(data.test)
 
 
-@functools.lru_cache(maxsize=None)
 def _longest_prompt(task: str, examples: int) -> float:
     """Mean over random batches of ``examples`` training examples of the longest prompt's length: a step pads
     every row to it, so step time follows it."""
+    return _longest_prompt_in(task, examples, _data_setting())
+
+
+@functools.lru_cache(maxsize=None)
+def _longest_prompt_in(task: str, examples: int, data: str) -> float:
     lengths, _ = _prompt_lengths(task)
     rng = random.Random(0)
     return statistics.mean(max(rng.sample(lengths, min(examples, len(lengths)))) for _ in range(500))

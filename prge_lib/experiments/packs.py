@@ -30,12 +30,21 @@ def pack_key(cell: Cell) -> tuple | None:
     return tuple(getattr(config, key) for key in SHARED)
 
 
+def step_shape(cell: Cell) -> tuple[int, int]:
+    """(q, E) of a packable cell: runs of one shape step together as one uniform batched product, which a GPU
+    replays as one CUDA graph (``prge_lib.zo.packing.Pack``); runs of several shapes in one pack step through a
+    slower path, without graphs."""
+    config = TrainConfig(**cell.config()).resolved()
+    return config.q or 1, config.E
+
+
 def plan_packs(cells: Iterable[Cell], size: int) -> list[list[Cell]]:
     """``cells`` as the runner trains them: lists of one cell (trained alone) or of up to ``size`` cells with
-    one :func:`pack_key`. The cells of one key are grouped by task first (tasks in their order of appearance),
-    so that a pack pads its rows to one task's lengths, then cut into packs of ``size``; the last pack of a task
-    is filled with the next task's cells. A pack takes the place of its key's first cell in the order; a pack of
-    one cell is a cell trained alone."""
+    one :func:`pack_key`. The cells of one key are grouped by :func:`step_shape` first (a pack never mixes
+    shapes: its step stays one batched product, one CUDA graph on a GPU), then by task (tasks in their order of
+    appearance), so that a pack pads its rows to one task's lengths, then cut into packs of ``size`` within a
+    shape; the last pack of a task is filled with the next task's cells of that shape. A key's packs take the
+    place of its first cell in the order; a pack of one cell is a cell trained alone."""
     check_pack_size(size)
     order, groups = [], {}
     for cell in cells:
@@ -52,8 +61,11 @@ def plan_packs(cells: Iterable[Cell], size: int) -> list[list[Cell]]:
         if isinstance(entry, list):
             plan.append(entry)
             continue
-        group = groups[entry]
-        tasks = list(dict.fromkeys(c.task for c in group))
-        group = sorted(group, key=lambda c: tasks.index(c.task))      # stable: the grid's order within a task
-        plan.extend(group[i:i + size] for i in range(0, len(group), size))
+        by_shape: dict[tuple[int, int], list[Cell]] = {}
+        for cell in groups[entry]:
+            by_shape.setdefault(step_shape(cell), []).append(cell)
+        for group in by_shape.values():
+            tasks = list(dict.fromkeys(c.task for c in group))
+            group = sorted(group, key=lambda c: tasks.index(c.task))      # stable: the grid's order within a task
+            plan.extend(group[i:i + size] for i in range(0, len(group), size))
     return plan

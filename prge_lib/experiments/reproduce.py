@@ -11,7 +11,7 @@ validation and report the test score over the seeds. This module gathers the nam
 - :mod:`~prge_lib.experiments.estimates`: how long a cell takes (``estimate_seconds``, ``measured_step_seconds``);
 - :mod:`~prge_lib.experiments.results`: reading and checking result files (``read_result``, ``validate_result``);
 - :mod:`~prge_lib.experiments.locks`: one process per cell (``cell_lock``, ``CellBusy``);
-- :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``);
+- :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``, ``step_shape``);
 - :mod:`~prge_lib.experiments.stages`: two-stage grids, a sweep then a confirmation at the best rates
   (``stage_cells``, ``best_rates``);
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
@@ -32,7 +32,7 @@ from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SE
                                         PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
                                         TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
-from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs
+from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs, step_shape
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
                                           read_if_present, read_result, result_differs,
                                           validate_result)
@@ -56,7 +56,7 @@ __all__ = [
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
     "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "stage_cells", "sweep_edges",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
-    "check_pack_size", "pack_key", "plan_packs",
+    "check_pack_size", "pack_key", "plan_packs", "step_shape",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",
     "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
