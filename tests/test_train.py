@@ -140,6 +140,7 @@ def test_senszoq_result_records_its_mask_and_mebp_its_phases(tiny_factory, token
     ("prge", {"q": 2, "E": 4}),                                                   # per layer, torch noise
     ("prge", {"q": 2, "E": 4, "noise": "counter", "engine": "fused"}),            # the GPU's fused step
     ("mezo-lorafa", {"E": 2}),
+    ("mezo", {"E": 2, "q": 2, "lr": 1e-3}),          # MeZO (Full): every weight, its ±ε trips replayed too
 ])
 def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokenizer, sst2_small, tmp_path,
                                                             monkeypatch, method, extra):
@@ -170,6 +171,31 @@ def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokeni
     torch.save(saved, tmp_path / "checkpoint.pt")
     with pytest.raises(CheckpointError, match="at step 4 holds the projected gradients of 3 steps"):
         _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra).run(resume=True)
+
+
+def test_a_mezo_full_replay_needs_the_perturbation_trips(tiny_factory):
+    """MeZO (Full) perturbs every weight +ε, −2ε, +ε in place around its two forwards; in floating point that trip
+    does not give the weights back bit for bit, so its replay redoes the trips: with them the replayed weights
+    are the run's bit for bit, with the updates alone they are not (the test's reason to exist)."""
+    from prge_lib.models.objective import Batch
+    from prge_lib.zo.estimator import step_seeds
+    from prge_lib.zo.mezo import MeZOFull, update_
+    from prge_lib.zo.replay import adapter_digest, can_rebuild, rebuild
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 500, (4, 10), generator=generator)
+    batch = Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (4, 1), generator=generator))
+    run = MeZOFull(tiny_factory(), q=2, eps=1e-3, lr=1e-3, seed=5)
+    grads = [run.step(batch, t)["projected_grad"] for t in range(3)]
+    replayed = MeZOFull(tiny_factory(), q=2, eps=1e-3, lr=1e-3, seed=5)
+    assert can_rebuild(replayed)
+    rebuild(replayed, grads)
+    assert adapter_digest(replayed.trainable()) == adapter_digest(run.trainable())
+    updates_only = MeZOFull(tiny_factory(), q=2, eps=1e-3, lr=1e-3, seed=5)
+    with torch.no_grad():
+        for t, g in enumerate(grads):
+            update_(list(updates_only.params.values()), step_seeds(5, t, 2), g, 1e-3)
+    assert adapter_digest(updates_only.trainable()) != adapter_digest(run.trainable())
 
 
 def test_a_method_without_projected_gradients_keeps_its_tensors(tiny_factory, tokenizer, sst2_small, tmp_path,

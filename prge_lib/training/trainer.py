@@ -102,8 +102,8 @@ class Trainer:
     host passes its own, whose steps run in an exported program (``prge_lib.deploy.runtime``).
 
     ``seed_checkpoints`` (default: the environment's ``PRGE_SEED_CHECKPOINTS=1``): a checkpoint of a run whose
-    adapter can be rebuilt from its projected gradients (P-RGE and MeZO on LoRA-FA, :func:`prge_lib.zo.replay.
-    rebuild`) keeps the history and the adapter's SHA-256 instead of its tensors, some kilobytes per thousand
+    adapter can be rebuilt from its projected gradients (P-RGE, MeZO on LoRA-FA and MeZO (Full),
+    :func:`prge_lib.zo.replay.rebuild`) keeps the history and the adapter's SHA-256 instead of its tensors, some kilobytes per thousand
     steps instead of the adapter's megabytes: small enough to carry between GPU sittings. Resuming replays the
     steps and refuses the result unless its digest is the recorded one."""
 

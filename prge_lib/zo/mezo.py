@@ -68,17 +68,44 @@ def mezo_step(params: Sequence[torch.Tensor], loss: Callable[[], float], seeds: 
     check_zo_dtype(params, "MeZO")
     plus, minus = [], []
     for seed in seeds:
-        add_noise_(params, seed, eps)
-        plus.append(float(loss()))
-        add_noise_(params, seed, -2 * eps)
-        minus.append(float(loss()))
-        add_noise_(params, seed, eps)
+        lp, lm = perturbation_trip(params, seed, eps, loss)
+        plus.append(lp)
+        minus.append(lm)
     grads = [(lp - lm) / (2 * eps) for lp, lm in zip(plus, minus)]
     finite = all(math.isfinite(v) for v in plus + minus)
     if finite:
-        for seed, g in zip(seeds, grads):
-            add_noise_(params, seed, -lr * g / len(seeds))
+        update_(params, seeds, grads, lr)
     return {"loss_plus": plus, "loss_minus": minus, "projected_grad": grads, "finite": finite}
+
+
+def perturbation_trip(params: Sequence[torch.Tensor], seed: int, eps: float,
+                      loss: Callable[[], float] | None = None) -> tuple[float | None, float | None]:
+    """Perturb +ε, evaluate, perturb −2ε, evaluate, restore +ε (``loss`` None: no evaluations). In floating point
+    the trip does not give θ back bit for bit, so a replay of a run makes the trips too (:func:`replay_step`)."""
+    add_noise_(params, seed, eps)
+    plus = None if loss is None else float(loss())
+    add_noise_(params, seed, -2 * eps)
+    minus = None if loss is None else float(loss())
+    add_noise_(params, seed, eps)
+    return plus, minus
+
+
+def update_(params: Sequence[torch.Tensor], seeds: Sequence[int], grads: Sequence[float], lr: float) -> None:
+    """θ ← θ − (lr/q) Σ_i g_i z_i, each z_i regenerated from its seed (Gao et al. Alg. 3, the update)."""
+    for seed, g in zip(seeds, grads):
+        add_noise_(params, seed, -lr * g / len(seeds))
+
+
+@torch.no_grad()
+def replay_step(params: Sequence[torch.Tensor], seeds: Sequence[int], grads: Sequence[float], eps: float,
+                lr: float) -> None:
+    """A finite :func:`mezo_step` again from its projected gradients, without its forwards: the same trips and the
+    same update, so the same parameters bit for bit on the device that ran it (a seed checkpoint's resume,
+    ``prge_lib.zo.replay.rebuild``)."""
+    params = list(params)
+    for seed in seeds:
+        perturbation_trip(params, seed, eps)
+    update_(params, seeds, grads, lr)
 
 
 def step_record(out: dict) -> dict:

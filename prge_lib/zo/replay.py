@@ -18,6 +18,7 @@ import torch
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.fused import FusedPRGE, apply_fused_update, draw_all
 from prge_lib.zo.lora import LoRAFALinear
+from prge_lib.zo.mezo import MeZOFull, replay_step
 from prge_lib.zo.packing import PackedMethod
 from prge_lib.zo.prge import PRGE, apply_update
 
@@ -79,8 +80,9 @@ def replay_fused(layers: Sequence[LoRAFALinear], seed: int, q: int, steps: Itera
 def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> None:
     """Bring ``method`` (as built for its run, at step 0) to step T = len(projected_grads) by replaying the
     run's recorded projected gradients, as its steps updated it: P-RGE and MeZO on LoRA-FA, per layer or fused,
-    alone or a run of a pack (:func:`can_rebuild`); a ValueError for any other method (first-order methods,
-    MeZO (Full), SensZOQ)."""
+    alone or a run of a pack, and MeZO (Full), whose replay redoes each step's ±ε trips over every weight too
+    (:func:`prge_lib.zo.mezo.replay_step`: four passes of noise per query and step, quick on a GPU, slow on a CPU)
+    (:func:`can_rebuild`); a ValueError for any other method (first-order methods, SensZOQ)."""
     steps = enumerate(projected_grads)
     if isinstance(method, PackedMethod):
         run = method.pack.runs[method.r]
@@ -88,11 +90,15 @@ def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> None:
     elif isinstance(method, PRGE):
         (replay_fused if isinstance(method, FusedPRGE) else replay_layers)(method.layers, method.seed, method.q,
                                                                           steps, method.lr)
+    elif type(method) is MeZOFull:
+        params = list(method.params.values())
+        for t, g in checked_steps(steps, method.q):
+            replay_step(params, step_seeds(method.seed, t, method.q), g, method.eps, method.lr)
     else:
-        raise ValueError(f"{type(method).__name__} is not rebuilt from projected gradients; only P-RGE and MeZO "
-                         f"on LoRA-FA are")
+        raise ValueError(f"{type(method).__name__} is not rebuilt from projected gradients; only P-RGE, MeZO on "
+                         f"LoRA-FA and MeZO (Full) are")
 
 
 def can_rebuild(method) -> bool:
     """Whether :func:`rebuild` can bring ``method`` to a later step from its projected gradients."""
-    return isinstance(method, (PackedMethod, PRGE))
+    return isinstance(method, (PackedMethod, PRGE)) or type(method) is MeZOFull
