@@ -171,6 +171,53 @@ def test_a_step_of_each_new_senszoq_row_runs_on_an_nf4_base(row, fixture_data, t
     assert result["trainable_parameters"] > 0
 
 
+def test_the_wikitext_curves_cell_stops_at_the_deadline_and_resumes_to_the_same_curves(tiny_folder, tmp_path):
+    """fig1 at the paper profile outlasts a GPU command: the cell stops at the deadline with a checkpoint (after
+    one step here, each time) and the same call resumes it, until its curves are those of one uninterrupted run,
+    loss for loss. The running method's state is a seed checkpoint where it can be rebuilt (MeZO (Full), P-RGE:
+    no weights saved), MeBP's its tensors and Adam's state; --list reads the checkpoint's step."""
+    import torch
+
+    from prge_lib.training.trainer import TrainingStopped
+
+    steps = {"mebp": 2, "mezo": 3, "prge": 2}
+    cell, = rp.grid_cells("fig1", "cpu", model=str(tiny_folder), lm_steps=steps, n_held=2, seq_len=16,
+                          eval_every={"mebp": 1, "mezo": 2, "prge": 1})
+    whole = rp.read_result(rp.run_cell(cell, tmp_path / "whole", tmp_path / "ck0", progress=False))
+    checkpoint = cell.checkpoint_dir(tmp_path / "ck") / "checkpoint.pt"
+    kinds, stops = set(), 0
+    while True:
+        try:
+            path = rp.run_cell(cell, tmp_path / "res", tmp_path / "ck", progress=False, deadline=0.0)
+            break
+        except TrainingStopped as stop:
+            stops += 1
+            saved = torch.load(checkpoint, weights_only=True)
+            kinds.add((saved["method"]["name"], next(iter(saved["method"]["state"]))))
+            assert stop.step == saved["step"] and stop.steps == 7
+            assert rp.cell_status(cell, tmp_path / "res", tmp_path / "ck") == {"state": "partial",
+                                                                               "step": saved["step"], "steps": 7}
+    assert stops == 4            # one stop after each step that is not a method's last: 1 + 2 + 1
+    assert kinds == {("mebp", "trainable"), ("mezo", "replay"), ("prge", "replay")}
+    resumed = rp.read_result(path)
+    for name, run in whole["runs"].items():
+        again = resumed["runs"][name]
+        assert again["losses"] == run["losses"], name
+        assert [e[:1] + e[2:] for e in again["evals"]] == [e[:1] + e[2:] for e in run["evals"]], name
+        assert len(again["seconds"]) == steps[name]
+    assert set(resumed["runs"]["mebp"]["phases"]) == set(whole["runs"]["mebp"]["phases"])
+    assert not checkpoint.exists()                         # removed with the result
+    # a checkpoint of other curves is refused, naming what differs
+    other, = rp.grid_cells("fig1", "cpu", model=str(tiny_folder), lm_steps=steps, n_held=3, seq_len=16)
+    with pytest.raises(TrainingStopped):
+        rp.run_cell(other, tmp_path / "res2", tmp_path / "ck2", progress=False, deadline=0.0)
+    saved = torch.load(other.checkpoint_dir(tmp_path / "ck2") / "checkpoint.pt", weights_only=True)
+    saved["config"]["n_held"] = 4
+    torch.save(saved, other.checkpoint_dir(tmp_path / "ck2") / "checkpoint.pt")
+    with pytest.raises(ValueError, match=r"made with other settings \(n_held\)"):
+        rp.run_cell(other, tmp_path / "res2", tmp_path / "ck2", progress=False)
+
+
 def test_the_wikitext_curves_cell_writes_every_methods_losses_and_step_times(tiny_folder, tmp_path, capsys):
     """The fig1 cell (chapter 9's Fig. 1) on the tiny model: one result file with each method's per-step losses
     and seconds and its held-out evaluations, schema-checked, with the command that makes it again."""

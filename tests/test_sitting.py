@@ -60,7 +60,8 @@ def test_the_stages_in_priority_order(tmp_path):
     paired = stages[3].commands
     assert [c[c.index("--dtype") + 1] for c in paired] == ["fp32", "fp16"]
     assert all(c[c.index("--seed") + 1] == "0" and c[c.index("--steps") + 1] == "1000" for c in paired)
-    assert stages[4].commands[0][:4] == ("reproduce", "fig1", "--profile", "paper") and not stages[4].resumable
+    assert stages[4].commands[0][:4] == ("reproduce", "fig1", "--profile", "paper") and stages[4].resumable
+    assert "--checkpoint-root" in stages[4].commands[0]      # its checkpoint travels to the next sitting
     assert "--pack" in stages[5].commands[0] and "paper" in stages[5].commands[0]
     # with bitsandbytes on the machine: chapter 10's Jetson path, an NF4 base in fp16, q 4 and 16
     quantized = {s.name: s for s in sitting.sitting_stages(tmp_path, quantized=True, jetson_steps=90)}

@@ -53,7 +53,9 @@ class Cell:
         return dict(self.settings)
 
     def steps(self) -> int:
-        return self.config().get("steps", 0)
+        """Training steps of the cell (the WikiText-2 curves: every method's, summed; 0 for a cell without)."""
+        config = self.config()
+        return sum(config["lm_steps"].values()) if "lm_steps" in config else config.get("steps", 0)
 
     def result_path(self, root: Path = RESULTS) -> Path:
         return Path(root) / grid_folder(self.grid, self.profile) / f"{self.name}.json"

@@ -30,7 +30,7 @@ from prge_lib.experiments.results import conflicting_results, result_differs, va
 from prge_lib.models.loading import load_model
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.models.options import EMBEDDED
-from prge_lib.training.checkpoints import CheckpointError
+from prge_lib.training.checkpoints import CHECKPOINT_NAME, CheckpointError
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.packed import PackedTrainer, PackStopped
 from prge_lib.training.records import diverged_record, finished_record, zero_shot_record, zero_shot_run
@@ -74,7 +74,7 @@ def _run_held(cell: Cell, results: Path, checkpoints: Path | None, progress: boo
     elif cell.kind == "bench":
         result = _run_bench(cell)
     elif cell.kind == "lm":
-        result = _run_lm(cell, progress)
+        result = _run_lm(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
     else:
         result = _run_train(cell, cell.checkpoint_dir(checkpoints), progress, deadline, restart)
     return _write_cell_result(cell, result, results, checkpoints, time.perf_counter() - start)
@@ -196,11 +196,20 @@ def _run_bench(cell: Cell) -> dict:
     return result
 
 
-def _run_lm(cell: Cell, progress: bool) -> dict:
-
+def _run_lm(cell: Cell, checkpoint_dir: Path, progress: bool, deadline: float | None = None,
+            restart: bool = False) -> dict:
+    """The WikiText-2 curves' cell: resumed from its checkpoint when there is one (discarded with ``restart``),
+    stopped at ``deadline`` with a checkpoint (:class:`TrainingStopped`), as a training cell is."""
     c = cell.config()
-    result = lm_curves(c["seq_len"], c["lm_steps"], c["eval_every"], c["n_held"], c.get("model"),
-                       c.get("device", "cpu"), cell.seed, say=print if progress else lambda _: None)
+    checkpoint = checkpoint_dir / CHECKPOINT_NAME
+    if restart:
+        checkpoint.unlink(missing_ok=True)
+    try:
+        result = lm_curves(c["seq_len"], c["lm_steps"], c["eval_every"], c["n_held"], c.get("model"),
+                           c.get("device", "cpu"), cell.seed, say=print if progress else lambda _: None,
+                           checkpoint=checkpoint, deadline=deadline, resume=checkpoint.is_file())
+    except CheckpointError as err:      # a cell resumes by the same command, not by --resume
+        raise CheckpointError(err.path, err.reason, resume="the same command") from None
     result.update(kind="lm", task=cell.task, config=c, seed=cell.seed, model=c.get("model") or EMBEDDED_MODEL)
     return result
 
@@ -265,11 +274,12 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
 
 
 def _fits_before(cell: Cell, deadline: float | None) -> bool:
-    """Whether ``cell`` may start: a training cell until the deadline (it stops at a checkpoint when the deadline
-    comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends before it."""
+    """Whether ``cell`` may start: a training or WikiText-2 curves cell until the deadline (it stops at a checkpoint
+    when the deadline comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends
+    before it."""
     if deadline is None:
         return True
-    needs = 0.0 if cell.kind == "train" else estimate_seconds(cell, cell.steps())
+    needs = 0.0 if cell.kind in ("train", "lm") else estimate_seconds(cell, cell.steps())
     return time.time() + needs < deadline
 
 

@@ -67,6 +67,43 @@ def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
     return registry.get(config.method).build(config, model, tokenizer, task_batches)
 
 
+def method_state(method, seed_checkpoints: bool) -> dict:
+    """What a checkpoint keeps of ``method``: with ``seed_checkpoints``, for a method :func:`~prge_lib.zo.replay.
+    rebuild` can rebuild, the digest of its trainable tensors (the run's projected gradients, kept in its history,
+    rebuild them); else the tensors themselves; and a first-order method's optimizer state."""
+    if seed_checkpoints and can_rebuild(method):
+        state = {"replay": "projected_grad", "digest": adapter_digest(method.trainable())}
+    else:
+        state = {"trainable": {k: v.detach().cpu().clone() for k, v in method.trainable().items()}}
+    if method.optimizer is not None:
+        state["optimizer"] = method.optimizer.state_dict()
+    return state
+
+
+def restore_method_state(method, state: dict, grads: list, step: int, path: Path, name: str) -> None:
+    """Bring ``method`` (as built, at step 0) to the checkpoint's ``step`` from its :func:`method_state`: the
+    tensors copied in, or the steps replayed from ``grads`` (their projected gradients) and the result refused
+    unless its digest is the recorded one; then the optimizer state. ``name``: the method, for the errors."""
+    if "replay" in state:
+        if not can_rebuild(method):
+            raise CheckpointError(path, f"it holds the run's history instead of its adapter (a seed checkpoint), "
+                                        f"and {name} cannot be rebuilt from projected gradients")
+        if len(grads) != step:
+            raise CheckpointError(path, f"a seed checkpoint at step {step} holds the projected gradients of "
+                                        f"{len(grads)} steps")
+        rebuild(method, grads)
+        if adapter_digest(method.trainable()) != state["digest"]:
+            raise CheckpointError(path, f"replaying its {len(grads)} steps did not give the adapter it recorded "
+                                        f"(another digest): this machine rounds the update differently; resume it "
+                                        f"where it was made")
+    else:
+        with torch.no_grad():
+            for key, tensor in method.trainable().items():
+                tensor.copy_(state["trainable"][key])
+    if "optimizer" in state:
+        method.optimizer.load_state_dict(state["optimizer"])
+
+
 def score_alone(jobs: list[tuple["Trainer", list[dict]]]) -> list[float]:
     """The metric of each (trainer, examples) job, each trainer evaluating on its own model in turn: the scorer of
     :func:`evaluate_runs` for runs that do not share a forward (a pack scores its runs' jobs together)."""
@@ -212,15 +249,9 @@ class Trainer:
         if path is None:
             return None
         epoch = self.epoch_position(self.step)[0]
-        if self.seed_checkpoints and can_rebuild(self.method):
-            # the history rebuilds the adapter (zo.replay.rebuild); its digest checks the rebuilt one
-            method = {"replay": "projected_grad", "digest": adapter_digest(self.method.trainable())}
-        else:
-            method = {"trainable": {k: v.detach().cpu().clone() for k, v in self.method.trainable().items()}}
-        if self.method.optimizer is not None:      # first-order methods
-            method["optimizer"] = self.method.optimizer.state_dict()
         payload = {"format": CHECKPOINT_FORMAT, "config": self.config.identity(), "step": self.step,
-                   "device": self.device.type, "method": method, "history": self.history, "elapsed": self.elapsed,
+                   "device": self.device.type, "method": method_state(self.method, self.seed_checkpoints),
+                   "history": self.history, "elapsed": self.elapsed,
                    "rng": {"torch": torch.get_rng_state(), "python": _python_rng_state()},
                    "epoch": epoch, "epoch_order": self.epoch_order(epoch)}
         with atomic_file(path) as tmp:
@@ -248,35 +279,13 @@ class Trainer:
             raise ValueError(f"the checkpoint in {path.parent} is at step {payload['step']}, past this run's "
                              f"{self.config.steps} steps: give at least --steps {payload['step']}, or move the "
                              f"folder away to start the run again")
-        if "replay" in payload["method"]:
-            self._rebuild(path, payload)
-        else:
-            with torch.no_grad():
-                for name, tensor in self.method.trainable().items():
-                    tensor.copy_(payload["method"]["trainable"][name])
-        if "optimizer" in payload["method"]:
-            self.method.optimizer.load_state_dict(payload["method"]["optimizer"])
+        restore_method_state(self.method, payload["method"], payload["history"].get("projected_grad", []),
+                             payload["step"], path, self.config.method)
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
         if "step_time_s" in self.history:       # a checkpoint written before step times were named step_s
             self.history["step_s"] = self.history.pop("step_time_s")
         torch.set_rng_state(payload["rng"]["torch"])
         _set_python_rng_state(payload["rng"]["python"])
-
-    def _rebuild(self, path: Path, payload: dict) -> None:
-        """A seed checkpoint's adapter: the run's steps replayed from its projected gradients onto the method as
-        built (step 0), then checked against the digest the checkpoint recorded."""
-        grads = payload["history"].get("projected_grad", [])
-        if not can_rebuild(self.method):
-            raise CheckpointError(path, f"it holds the run's history instead of its adapter (a seed checkpoint), "
-                                        f"and {self.config.method} cannot be rebuilt from projected gradients")
-        if len(grads) != payload["step"]:
-            raise CheckpointError(path, f"a seed checkpoint at step {payload['step']} holds the projected "
-                                        f"gradients of {len(grads)} steps")
-        rebuild(self.method, grads)
-        if adapter_digest(self.method.trainable()) != payload["method"]["digest"]:
-            raise CheckpointError(path, f"replaying its {len(grads)} steps did not give the adapter it recorded "
-                                        f"(another digest): this machine rounds the update differently; resume it "
-                                        f"where it was made")
 
     # ----- the loop (its parts are shared with packed runs, prge_lib.training.packed)
     def begin(self, resume: bool = False, restart: bool = False, evaluate: bool = True) -> None:
