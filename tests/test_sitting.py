@@ -51,6 +51,8 @@ def test_the_stages_in_priority_order(tmp_path):
     more = stages.pop(4).commands                            # two more seeds of the paired runs
     assert [(c[c.index("--seed") + 1], c[c.index("--dtype") + 1]) for c in more] == [
         ("1", "fp32"), ("1", "fp16"), ("2", "fp32"), ("2", "fp16")]
+    # as the paper-profile cells step (fine buckets, CUDA graphs): fp16's speed where launches do not bound it
+    assert all(c[c.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "--cuda-graphs" in c for c in more)
     bench = stages[0].commands[0]
     assert bench[:3] == ("bench", "--configs", "eager,optimised,packed-8,packed-32,packed-max")
     assert "--device" in bench and "cuda" in bench and "sst2" in bench and "rte" in stages[1].commands[0]
@@ -81,7 +83,7 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     # 1.5 + 2.5 + 4.5 + 6 = 14.5 of 20 minutes: the grid (resumable) gets the 5.5 left
     assert any("5. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
     assert any("6. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 938 min in all; time limit 20 min"
+    assert lines[-1] == "still to run: about 934 min in all; time limit 20 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):

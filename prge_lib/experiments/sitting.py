@@ -87,14 +87,19 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     only = () if quantized else ("--only", "bench-none")
     grids = (("reproduce", "runtime", "--dtype", "fp16", *only, "--results-dir", results, *common),
              ("reproduce", "memory", "--dtype", "fp16", "--results-dir", results, *common))
-    def paired(seeds: Sequence[int]) -> tuple[tuple[str, ...], ...]:
+    def paired(seeds: Sequence[int], graphs: bool) -> tuple[tuple[str, ...], ...]:
+        # graphs: the step as the paper-profile cells run it (fine buckets, CUDA graphs), which also times fp16
+        # where kernel launches no longer bound the step
+        how = ("--buckets", GROUP_BUCKETS, "--cuda-graphs") if graphs else ()
         return tuple(("train", "--task", "sst2", "--method", "prge", "--steps", str(paired_steps), "--seed",
-                      str(seed), "--dtype", dtype, "--out", str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"),
-                      *common) for seed in seeds for dtype in ("fp32", "fp16"))
+                      str(seed), "--dtype", dtype, *how, "--out",
+                      str(out / "paired" / f"sst2_{dtype}_seed{seed}.json"), *common)
+                     for seed in seeds for dtype in ("fp32", "fp16"))
 
-    def paired_stage(name: str, seeds: Sequence[int]) -> Stage:
-        return Stage(name, f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds {','.join(map(str, seeds))}",
-                     4.5 * len(seeds), paired(seeds), summarize=lambda folder: paired_summary(folder / "paired"))
+    def paired_stage(name: str, seeds: Sequence[int], graphs: bool = False) -> Stage:
+        return Stage(name, f"fp32 vs fp16, {paired_steps} SST-2 steps, seeds {','.join(map(str, seeds))}"
+                     + (", CUDA graphs" if graphs else ""), (2.5 if graphs else 4.5) * len(seeds),
+                     paired(seeds, graphs), summarize=lambda folder: paired_summary(folder / "paired"))
 
     groups = (("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay", "--out",
                str(out / "engine_groups_check.json"),
@@ -130,7 +135,7 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
             paired_stage("paired-fp32-fp16", paired_seeds),
-            *([paired_stage("paired-fp32-fp16-more", more_paired_seeds)] if more_paired_seeds else []),
+            *([paired_stage("paired-fp32-fp16-more", more_paired_seeds, graphs=True)] if more_paired_seeds else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
             *(Stage(f"table1-paper-zo-{task}", f"Table 1, paper profile, {title}: zero-shot, MeZO (LoRA-FA) and "
@@ -278,8 +283,8 @@ def paired_seeds_in(folder: Path) -> list[int]:
 def paired_summary(folder: Path, seeds: Sequence[int] | None = None) -> dict:
     """fp16 against fp32 from the paired runs' result files (``sst2_<dtype>_seed<s>.json`` in ``folder``; every
     seed with both by default), per seed: the largest and mean |Δ loss| over the steps, the test accuracy of each
-    at its best validation step and at the end, median seconds per step and their ratio; written to
-    ``summary.json`` there as well."""
+    at its best validation step and at the end, median seconds per step and their ratio, and whether the steps were
+    replayed as CUDA graphs; written to ``summary.json`` there as well."""
     seeds = paired_seeds_in(folder) if seeds is None else list(seeds)
     if not seeds:
         raise ValueError(f"no seed has both paired result files (sst2_fp32_seed<s>.json, sst2_fp16_seed<s>.json) "
@@ -293,6 +298,7 @@ def paired_summary(folder: Path, seeds: Sequence[int] | None = None) -> dict:
             "steps": len(gaps), "max_abs_loss_gap": max(gaps), "mean_abs_loss_gap": sum(gaps) / len(gaps),
             **{f"{dtype}_{k}": runs[dtype][k]["test"] for dtype in runs for k in ("best_val", "final")},
             **{f"{dtype}_median_step_s": runs[dtype]["step_s"]["median"] for dtype in runs},
+            "cuda_graphs": bool(runs["fp32"].get("config", {}).get("cuda_graphs")),
             "fp16_speedup": runs["fp32"]["step_s"]["median"] / runs["fp16"]["step_s"]["median"]}
     summary = {"seeds": seeds_out, "files": sorted(p.name for p in Path(folder).glob("sst2_*.json"))}
     (Path(folder) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
