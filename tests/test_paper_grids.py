@@ -198,6 +198,7 @@ def test_the_wikitext_curves_cell_stops_at_the_deadline_and_resumes_to_the_same_
             assert rp.cell_status(cell, tmp_path / "res", tmp_path / "ck") == {"state": "partial",
                                                                                "step": saved["step"], "steps": 7}
     assert stops == 4            # one stop after each step that is not a method's last: 1 + 2 + 1
+    assert rp.estimate_seconds(cell, 7) == pytest.approx(2 * rp.estimate_seconds(cell, 3.5))   # priced by what is left
     assert kinds == {("mebp", "trainable"), ("mezo", "replay"), ("prge", "replay")}
     resumed = rp.read_result(path)
     for name, run in whole["runs"].items():

@@ -302,8 +302,9 @@ def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0, 
         c = cell.config()
         steps, evaluation, _ = lm_seconds(c["seq_len"])
         evals = sum(n // c["eval_every"][m] + 2 for m, n in c["lm_steps"].items())
-        return sum(n * steps.get(m, step_rate({"method": m})) for m, n in c["lm_steps"].items()) * step_share + \
+        whole = sum(n * steps.get(m, step_rate({"method": m})) for m, n in c["lm_steps"].items()) * step_share + \
             evals * evaluation * eval_share
+        return whole * min(1.0, remaining_steps / max(cell.steps(), 1))    # a resumed cell: its share left
     if cell.kind == "bench":
         c = cell.config()
         configs = len(configurations(c["methods"], c["qs"]))
