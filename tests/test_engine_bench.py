@@ -24,9 +24,10 @@ def test_config_names():
     assert pack_spec("packed-256-g4") == (256, 4) and pack_spec("packed-max") == (None, 1)
     assert pack_spec("packed-8") == (8, 1) and pack_spec("optimised") is None
     assert parse_configs("eval-16,packed-8") == ["eval-16", "packed-8"]
+    assert pack_spec("packed-256-lowp") == (256, 1) and pack_spec("packed-max-g4-lowp") == (None, 4)
     assert eval_spec("eval-16") == 16 and eval_spec("eval-0") is None and eval_spec("packed-8") is None
     for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
-                "eval-0", "eval-x", "eval"):
+                "eval-0", "eval-x", "eval", "packed-lowp", "lowp", "packed-8-lowp-g2"):
         with pytest.raises(ValueError):
             parse_configs(bad)
 
@@ -71,7 +72,8 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
         model = tiny_factory(0, 1)
         return (model.half() if dtype == "fp16" else model), tokenizer
 
-    result = engine_bench(make_model, ["eager", "optimised", "packed-2", "packed-max", "packed-4-g2"], ["sst2", "rte"],
+    result = engine_bench(make_model, ["eager", "optimised", "packed-2", "packed-max", "packed-4-g2", "packed-2-lowp"],
+                          ["sst2", "rte"],
                           q=2, E=4,
                           seq_len=48, buckets=(32, 64), dtype="fp32", steps=2, warmup=1, max_pack=4,
                           progress=lambda line: None)
@@ -79,7 +81,8 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
     json.dumps(result)                                          # a result file can hold it
     for task in ("sst2", "rte"):
         records, ratios = result["tasks"][task]["configs"], result["tasks"][task]["ratios"]
-        assert set(records) == {"eager", "optimised", "packed-2", "packed-max", "packed-4-g2"}
+        assert set(records) == {"eager", "optimised", "packed-2", "packed-max", "packed-4-g2", "packed-2-lowp"}
+        assert records["packed-2-lowp"]["lowp_lora"] is True and "lowp_lora" not in records["packed-2"]
         assert records["packed-4-g2"]["runs"] == 4 and records["packed-4-g2"]["width_groups"] == 2
         assert records["eager"]["engine"] == "layerwise" and records["eager"]["dtype"] == "fp32"
         assert records["optimised"]["engine"] == "fused" and records["optimised"]["cuda_graphs"] is False
@@ -98,7 +101,7 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
                 real_token_share(drawn, None if name == "eager" else (32, 64), r.get("width_groups", 1)))
         assert records["optimised"]["real_token_share"] < records["eager"]["real_token_share"]
         assert ratios == engine_ratios(records)
-        for name in ("optimised", "packed-2", "packed-max", "packed-4-g2"):
+        for name in ("optimised", "packed-2", "packed-max", "packed-4-g2", "packed-2-lowp"):
             assert ratios[f"{name}_over_eager"] == pytest.approx(
                 records[name]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
 

@@ -243,8 +243,6 @@ def test_runs_of_other_models_or_methods_are_refused():
 def fused_step_ops(model, runs: int, q: int = 2, rows: int = 2, length: int = 12) -> Counter:
     """The ATen operations one fused pack step of ``runs`` runs (one q, one row count) dispatches, batch
     assembly left out: the pack's own work (noise, forward, losses, update, the record's copy)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,
                  "lr": 1e-3 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
     pack = build_pack(model, settings, pad_id=0, fused=True)
@@ -256,6 +254,14 @@ def fused_step_ops(model, runs: int, q: int = 2, rows: int = 2, length: int = 12
     order = list(range(runs))
     seeds = {r: step_seeds(r, 0, q) for r in order}
     work = [(r, n) for r in order]
+    with torch.no_grad():
+        pack._fused_step(order, seeds, batch, work)          # the plan is made once, at the first step
+        return dispatched(lambda: pack._fused_step(order, seeds, batch, work))[1]
+
+
+def dispatched(call) -> tuple[object, Counter]:
+    """``call()``'s value and the ATen operations it dispatched, counted by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -266,11 +272,9 @@ def fused_step_ops(model, runs: int, q: int = 2, rows: int = 2, length: int = 12
             self.ops[str(func.overloadpacket)] += 1
             return func(*args, **(kwargs or {}))
 
-    with torch.no_grad():
-        pack._fused_step(order, seeds, batch, work)          # the plan is made once, at the first step
-        with Count() as count:
-            pack._fused_step(order, seeds, batch, work)
-    return count.ops
+    with Count() as count:
+        value = call()
+    return value, count.ops
 
 
 def test_a_fused_pack_step_dispatches_as_many_operations_for_8_runs_as_for_2(tiny_factory):
@@ -475,3 +479,39 @@ def test_a_pack_evaluates_its_runs_together(tiny_factory, tokenizer, task_data, 
     assert max(calls) == 2
     with pytest.raises(ValueError, match="eval_together takes a whole number of runs ≥ 1, got 0"):
         PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], eval_together=0)
+
+
+def lowp_step(model, lowp: bool, seed_offset: int = 0):
+    """One fused pack step of three runs (q 2) on ``model``: the records, and the ATen operations it dispatched."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2,
+                 "lr": 1e-2, "seed": r + seed_offset, "keep_noise": True} for r in range(3)]
+    pack = build_pack(model, settings, pad_id=0, fused=True, lowp_lora=lowp)
+    with torch.no_grad():
+        pack.flat.copy_(1e-2 * torch.randn(pack.flat.shape, generator=torch.Generator().manual_seed(4)))
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 500, (2, 12), generator=generator)
+    batch = Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
+    return dispatched(lambda: pack.step({r: (batch, 0) for r in range(3)}))
+
+
+def test_a_low_precision_low_rank_product_drops_the_fp32_copies_of_the_inputs(tiny_factory):
+    """Pack(lowp_lora=True), a measurement option of the engine benchmark: over an fp16 base the fused step computes
+    x A_rᵀ in fp16 and no longer casts every projection's input to fp32 (two LoRA-FA projections a layer: fewer
+    dtype copies per step); its losses and g stay within a small gap of the fp32 product's, far inside the gap
+    between two other seeds' steps. Over an fp32 base the option changes nothing, bit for bit."""
+    plain32, _ = lowp_step(tiny_factory(), False)
+    low32, _ = lowp_step(tiny_factory(), True)
+    assert plain32 == low32
+    plain, plain_ops = lowp_step(tiny_factory().half(), False)
+    low, low_ops = lowp_step(tiny_factory().half(), True)
+    other, _ = lowp_step(tiny_factory().half(), False, seed_offset=10)
+    layers = 2 * len(DEFAULT_TARGETS)                       # the tiny model's two layers, each target wrapped
+    assert low_ops["aten._to_copy"] <= plain_ops["aten._to_copy"] - layers
+    for r in range(3):
+        gap = max(abs(a - b) for a, b in zip(low[r]["projected_grad"], plain[r]["projected_grad"]))
+        seeds_apart = max(abs(a - b) for a, b in zip(other[r]["projected_grad"], plain[r]["projected_grad"]))
+        print(f"run {r}: g gap {gap:.2e} with the fp16 product, {seeds_apart:.2e} to another seed's step")
+        assert gap < 0.05 * seeds_apart and abs(low[r]["loss"] - plain[r]["loss"]) < 1e-2 * abs(plain[r]["loss"])
+    with pytest.raises(ValueError, match="lowp_lora changes the fused step's low-rank product: it needs fused"):
+        build_pack(tiny_factory(), [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2,
+                                     "eps": 1e-2, "lr": 1e-2, "seed": 0, "keep_noise": True}], 0, lowp_lora=True)

@@ -244,7 +244,8 @@ def test_pack_options_are_checked(tmp_path, capsys):
 def test_without_a_packed_result_a_gpu_pack_is_priced_from_the_engine_benchmark(tmp_path):
     """The engine benchmark measures an optimised run and packs in one process: a packed run's share of a step
     is the optimised run-steps/s over the pack's, for packs of the size asked where measured, from the newest
-    benchmark of each task; width-grouped packs and CPU benchmarks do not price a GPU pack."""
+    benchmark of each task; width-grouped packs, packs with the fp16 low-rank product (a measurement option) and
+    CPU benchmarks do not price a GPU pack."""
     def bench(device, finished, tasks):
         return {"kind": "engine-bench", "device": device, "provenance": {"finished_at": finished},
                 "tasks": {task: {"configs": configs} for task, configs in tasks.items()}}
@@ -256,7 +257,7 @@ def test_without_a_packed_result_a_gpu_pack_is_priced_from_the_engine_benchmark(
                 {"sst2": {"optimised": rate(1, 60.0), "packed-8": rate(8, 30.0)}})
     new = bench("NVIDIA H200", "2026-11-27T03:05:00+0000",
                 {"sst2": {"optimised": rate(1, 70.0), "packed-8": rate(8, 140.0), "packed-32": rate(32, 175.0),
-                          "packed-8-g4": rate(8, 700.0, 4)},
+                          "packed-8-g4": rate(8, 700.0, 4), "packed-8-lowp": {**rate(8, 900.0), "lowp_lora": True}},
                  "rte": {"optimised": rate(1, 40.0), "packed-8": rate(8, 50.0)}})
     cpu = bench("cpu (2 threads)", "2026-11-27T04:00:00+0000", {"sst2": {"optimised": rate(1, 1.0),
                                                                          "packed-8": rate(8, 4.0)}})

@@ -186,7 +186,8 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
                 records = measured["configs"]
                 alone = records.get("optimised", {}).get("run_steps_per_s")
                 packs = {r["runs"]: r["run_steps_per_s"] for k, r in records.items()
-                         if k.startswith("packed-") and r.get("width_groups", 1) == 1 and "run_steps_per_s" in r}
+                         if k.startswith("packed-") and r.get("width_groups", 1) == 1 and not r.get("lowp_lora")
+                         and "run_steps_per_s" in r}
                 chosen = [packs[runs]] if runs in packs else list(packs.values())
                 shares = [alone / rate for rate in chosen if alone and rate]
                 if shares and (task not in newest or when > newest[task][0]):

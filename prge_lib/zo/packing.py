@@ -158,10 +158,11 @@ class PackedLoRAFALinear(nn.Module):
                     h.view(k, -1, rank), copies[c:c + k], alpha=layer.scaling)
                 first, c = first + rows, c + k
             return out
+        stack = self.a_compute                   # A in fp32, or in the activations' dtype (Pack.lowp_lora)
         if state.rows_per_run is not None:       # the same rows per run: x A_rᵀ as one product per run
-            a = self.a_stack if plan.all_runs else self.a_stack.index_select(0, plan.work)
+            a = stack if plan.all_runs else stack.index_select(0, plan.work)
         else:                                    # the same rows per copy only: A gathered per copy
-            a = self.a_stack.index_select(0, plan.run_of_copy)
+            a = stack.index_select(0, plan.run_of_copy)
         h = torch.bmm(x.to(a.dtype).reshape(len(a), -1, x.shape[-1]), a.transpose(1, 2))
         grouped = out.reshape(n, -1, out_features)
         grouped.baddbmm_(h.to(out.dtype).reshape(n, -1, rank), copies, alpha=layer.scaling)
@@ -216,15 +217,21 @@ class Pack:
     ``width_groups``: a step of many runs is split into this many forwards of runs of similar batch width (runs
     sorted by width, then cut into near-equal groups), each padded to its own width: a short prompt of one run is
     no longer padded to the longest prompt of all runs (chapter 5, "On a GPU"). Runs do not interact, so the
-    records are those of one forward up to the rounding a padded length brings (``tests/test_packing.py``)."""
+    records are those of one forward up to the rounding a padded length brings (``tests/test_packing.py``).
+    ``lowp_lora`` (fused, a measurement option of ``prge bench``, not what the grids train with): the fused step's
+    x A_rᵀ in the activations' dtype (an fp16 base: fp16 products, A rounded to fp16 once) instead of casting every
+    projection's input to fp32 for it; B, its noise and the update stay fp32. On an fp32 base nothing changes."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
                  pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False,
-                 width_groups: int = 1):
+                 width_groups: int = 1, lowp_lora: bool = False):
         self.model, self.layers, self.runs, self.pad_id = model, list(layers), list(runs), pad_id
         self.fused, self.buckets, self.graphs = fused, tuple(buckets) if buckets else None, graphs
         if graphs and not fused:
             raise ValueError("a pack's step is replayed as a CUDA graph only when fused (fused=True)")
+        if lowp_lora and not fused:
+            raise ValueError("lowp_lora changes the fused step's low-rank product: it needs fused=True")
+        self.lowp_lora = lowp_lora
         if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
             raise ValueError(f"width_groups takes a whole number of groups ≥ 1, got {width_groups!r}")
         self.width_groups = width_groups
@@ -259,6 +266,12 @@ class Pack:
             packed.a_stack = torch.stack([layer.lora_A for layer in own])
             for r, layer in enumerate(own):
                 layer.lora_A = packed.a_stack[r]
+            # A is frozen: its copy in the activations' dtype is made once (lowp_lora)
+            packed.a_compute = packed.a_stack.to(self.compute_dtype()) if self.lowp_lora else packed.a_stack
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the model computes its activations in: that of its input embeddings."""
+        return self.model.get_input_embeddings().weight.dtype
 
     @contextlib.contextmanager
     def solo(self, r: int):
@@ -572,13 +585,14 @@ class PackedMethod:
 
 
 def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int, fused: bool = False,
-               buckets: Sequence[int] | None = None, graphs: bool = False, width_groups: int = 1) -> Pack:
+               buckets: Sequence[int] | None = None, graphs: bool = False, width_groups: int = 1,
+               lowp_lora: bool = False) -> Pack:
     """A pack of R runs on ``model``; ``settings[r]`` holds run r's targets, r, alpha, noise, q, eps, lr, seed
-    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets``, ``graphs`` and
-    ``width_groups``: :class:`Pack`."""
+    and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets``, ``graphs``,
+    ``width_groups`` and ``lowp_lora``: :class:`Pack`."""
     adapters = [{k: s[k] for k in ("targets", "r", "alpha", "seed", "noise")} for s in settings]
     packed, per_run = inject_packed(model, adapters)
     runs = [PackedRun(layers, s["q"], s["eps"], s["lr"], s["seed"], keeps_noise(layers, s["q"], s["keep_noise"]))
             for layers, s in zip(per_run, settings)]
-    return Pack(model, packed, runs, pad_id, fused, buckets, graphs, width_groups)
+    return Pack(model, packed, runs, pad_id, fused, buckets, graphs, width_groups, lowp_lora)
 

@@ -8,6 +8,8 @@ ratios compare like with like.
     packed-N     N runs (seeds 0 … N−1) sharing each forward, fused, bucketed (prge_lib.zo.packing)
     packed-max   the largest pack, doubling from 8 (1 on the CPU) up to ``max_pack``, whose step fits memory
     …-gK         (packed-N-gK, packed-max-gK) each step's runs in K forwards by batch width (Pack.width_groups)
+    …-lowp       (after any pack) the low-rank product x A_rᵀ in the base's dtype instead of fp32 (Pack.lowp_lora):
+                 with an fp16 base, no fp32 copy of every projection's input; a measurement, not what grids run
     eval-N       the validation sets of N runs of a pack scored one run after another, then in shared forwards
                  (Pack.each_own): examples per second both ways and their ratio, and whether the predictions
                  agree (at a pack's evaluations, every run scores its validation set, and often its test set)
@@ -58,8 +60,9 @@ def peak_flops(device_name: str) -> float | None:
 
 def pack_spec(name: str) -> tuple[int | None, int] | None:
     """(runs, width groups) of a packed configuration's name: packed-N → (N, 1), packed-N-gK → (N, K),
-    packed-max → (None, 1), packed-max-gK → (None, K); None for a name that is not one (N, K ≥ 1)."""
-    parts = name.split("-")
+    packed-max → (None, 1), packed-max-gK → (None, K), any of them with -lowp after it the same; None for a name
+    that is not one (N, K ≥ 1)."""
+    parts = name.removesuffix("-lowp").split("-")
     if len(parts) not in (2, 3) or parts[0] != "packed":
         return None
     size, groups = parts[1], parts[2] if len(parts) == 3 else "g1"
@@ -77,14 +80,15 @@ def eval_spec(name: str) -> int | None:
 
 
 def parse_configs(text: str) -> list[str]:
-    """``eager,optimised,packed-8,packed-max,packed-256-g4,eval-16`` as a list, each name checked (packed-N with
-    N ≥ 1, an optional -gK with K ≥ 1 width groups; eval-N with N ≥ 1)."""
+    """``eager,optimised,packed-8,packed-max,packed-256-g4,packed-256-lowp,eval-16`` as a list, each name checked
+    (packed-N with N ≥ 1, an optional -gK with K ≥ 1 width groups, an optional -lowp; eval-N with N ≥ 1)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
         if name in FIXED or pack_spec(name) is not None or eval_spec(name) is not None:
             continue
         raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1), "
-                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4) or eval-N (N ≥ 1)")
+                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4) and/or -lowp, or eval-N "
+                         f"(N ≥ 1)")
     if not names:
         raise ValueError("--configs names no configuration")
     return names
@@ -197,10 +201,12 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     else:
         settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": q,
                      "eps": eps, "lr": lr, "seed": seed, "keep_noise": True} for seed in range(runs)]
+        lowp = name.endswith("-lowp")
         pack = build_pack(model, settings, pad, fused=True, buckets=buckets, graphs=cuda and graphs,
-                          width_groups=width_groups)
+                          width_groups=width_groups, lowp_lora=lowp)
         layers = pack.runs[0].layers
-        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs, width_groups=width_groups)
+        record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs, width_groups=width_groups,
+                      **({"lowp_lora": True} if lowp else {}))
     lora = [(layer.in_features, layer.out_features) for layer in layers]
 
     def flops(batches: list[Batch]) -> int:
