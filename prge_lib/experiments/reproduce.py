@@ -11,7 +11,8 @@ validation and report the test score over the seeds. This module gathers the nam
 - :mod:`~prge_lib.experiments.estimates`: how long a cell takes (``estimate_seconds``, ``measured_step_seconds``);
 - :mod:`~prge_lib.experiments.results`: reading and checking result files (``read_result``, ``validate_result``);
 - :mod:`~prge_lib.experiments.locks`: one process per cell (``cell_lock``, ``CellBusy``);
-- :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``, ``step_shape``);
+- :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``,
+  ``step_shape``);
 - :mod:`~prge_lib.experiments.stages`: two-stage grids, a sweep then a confirmation at the best rates
   (``stage_cells``, ``best_rates``);
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
