@@ -494,6 +494,38 @@ def lowp_step(model, lowp: bool, seed_offset: int = 0):
     return dispatched(lambda: pack.step({r: (batch, 0) for r in range(3)}))
 
 
+def fp16_step(model, qs, rows):
+    """One fused pack step on an fp16 ``model`` of runs with these q's and batch rows: records and ATen ops."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,
+                 "lr": 1e-2, "seed": r, "keep_noise": True} for r, q in enumerate(qs)]
+    pack = build_pack(model, settings, pad_id=0, fused=True)
+    with torch.no_grad():
+        pack.flat.copy_(1e-2 * torch.randn(pack.flat.shape, generator=torch.Generator().manual_seed(4)))
+    generator = torch.Generator().manual_seed(5)
+    work = {}
+    for r, b in enumerate(rows):
+        ids = torch.randint(1, 500, (b, 12), generator=generator)
+        work[r] = (Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (b, 1), generator=generator)), 0)
+    return dispatched(lambda: pack.step(work))
+
+
+@pytest.mark.parametrize("qs, rows", [((2, 2, 2), (2, 2, 2)), ((2, 1, 3), (2, 2, 2)), ((2, 1), (2, 3))],
+                         ids=["uniform", "mixed-q", "mixed-rows"])
+def test_projections_reading_one_input_share_its_fp32_copy(tiny_factory, monkeypatch, qs, rows):
+    """Over an fp16 base the fused step casts a projection's input to fp32 for x A_rᵀ; q, k and v read one tensor,
+    and so do gate and up, so a layer's seven adapted projections need four casts, not seven. Sharing them changes
+    no number: every run's record equals, bit for bit, that of a step that casts for every projection, on each of
+    the fused step's three paths (one q, q's mixed, rows per copy mixed)."""
+    from prge_lib.zo import packing
+
+    shared, shared_ops = fp16_step(tiny_factory().half(), qs, rows)
+    monkeypatch.setattr(packing._StepState, "low_rank_input", lambda self, x, dtype: x.to(dtype))
+    each, each_ops = fp16_step(tiny_factory().half(), qs, rows)
+    assert shared == each
+    layers = 2                                              # the tiny model's decoder layers
+    assert shared_ops["aten._to_copy"] == each_ops["aten._to_copy"] - 3 * layers
+
+
 def test_a_low_precision_low_rank_product_drops_the_fp32_copies_of_the_inputs(tiny_factory):
     """Pack(lowp_lora=True), a measurement option of the engine benchmark: over an fp16 base the fused step computes
     x A_rᵀ in fp16 and no longer casts every projection's input to fp32 (two LoRA-FA projections a layer: fewer

@@ -150,10 +150,11 @@ class PackedLoRAFALinear(nn.Module):
         n = len(plan.seed_row)
         if state.rows_per_copy is None:          # runs with other rows per copy: each run's rows in turn
             first, c = 0, 0
+            low = state.low_rank_input(x, layer.lora_A.dtype)
             for r, rows in state.rows:
                 own = self.runs[r]
                 k = 2 * plan.q_of[r]
-                h = F.linear(x[first:first + rows].to(own.lora_A.dtype), own.lora_A).to(out.dtype)
+                h = F.linear(low[first:first + rows], own.lora_A).to(out.dtype)
                 out[first:first + rows].view(k, -1, out_features).baddbmm_(
                     h.view(k, -1, rank), copies[c:c + k], alpha=layer.scaling)
                 first, c = first + rows, c + k
@@ -163,7 +164,7 @@ class PackedLoRAFALinear(nn.Module):
             a = stack if plan.all_runs else stack.index_select(0, plan.work)
         else:                                    # the same rows per copy only: A gathered per copy
             a = stack.index_select(0, plan.run_of_copy)
-        h = torch.bmm(x.to(a.dtype).reshape(len(a), -1, x.shape[-1]), a.transpose(1, 2))
+        h = torch.bmm(state.low_rank_input(x, a.dtype).reshape(len(a), -1, x.shape[-1]), a.transpose(1, 2))
         grouped = out.reshape(n, -1, out_features)
         grouped.baddbmm_(h.to(out.dtype).reshape(n, -1, rank), copies, alpha=layer.scaling)
         return out
@@ -219,8 +220,9 @@ class Pack:
     no longer padded to the longest prompt of all runs (chapter 5, "On a GPU"). Runs do not interact, so the
     records are those of one forward up to the rounding a padded length brings (``tests/test_packing.py``).
     ``lowp_lora`` (fused, a measurement option of ``prge bench``, not what the grids train with): the fused step's
-    x A_rᵀ in the activations' dtype (an fp16 base: fp16 products, A rounded to fp16 once) instead of casting every
-    projection's input to fp32 for it; B, its noise and the update stay fp32. On an fp32 base nothing changes."""
+    x A_rᵀ in the activations' dtype (an fp16 base: fp16 products, A rounded to fp16 once) instead of casting the
+    projections' inputs to fp32 for it (four copies a decoder layer, :meth:`_StepState.low_rank_input`); B, its
+    noise and the update stay fp32. On an fp32 base nothing changes."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
                  pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False,
@@ -545,7 +547,8 @@ class _BufferedPackStep:
 @dataclass
 class _StepState:
     """What the packed layers read during a fused step: the (R, D) B's, the step's (Σq, D) draw, the plan, the
-    rows of each run in batch order, and the rows per copy (per run) when every run has the same, else None."""
+    rows of each run in batch order, and the rows per copy (per run) when every run has the same, else None;
+    ``cast``: the last projection input in the low-rank product's dtype (:meth:`low_rank_input`)."""
 
     flat: torch.Tensor
     z: torch.Tensor
@@ -553,6 +556,20 @@ class _StepState:
     rows: list[tuple[int, int]]
     rows_per_copy: int | None
     rows_per_run: int | None
+    cast: tuple | None = None
+
+    def low_rank_input(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x`` in ``dtype`` for the product x A_rᵀ, cast once for every projection that reads the same input:
+        a decoder layer's q, k and v read one tensor, and so do gate and up, so over an fp16 base a layer makes
+        four fp32 copies of its inputs instead of seven (the same cast, so the same numbers, bit for bit). The
+        copy is kept until a projection reads another input (or the step ends)."""
+        if self.cast is not None:
+            source, version, kind, value = self.cast
+            if source is x and version == x._version and kind == dtype:
+                return value
+        value = x.to(dtype)
+        self.cast = (x, x._version, dtype, value)
+        return value
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ ratios compare like with like.
     packed-max   the largest pack, doubling from 8 (1 on the CPU) up to ``max_pack``, whose step fits memory
     …-gK         (packed-N-gK, packed-max-gK) each step's runs in K forwards by batch width (Pack.width_groups)
     …-lowp       (after any pack) the low-rank product x A_rᵀ in the base's dtype instead of fp32 (Pack.lowp_lora):
-                 with an fp16 base, no fp32 copy of every projection's input; a measurement, not what grids run
+                 with an fp16 base, no fp32 copies of the projections' inputs; a measurement, not what grids run
     eval-N       the validation sets of N runs of a pack scored one run after another, then in shared forwards
                  (Pack.each_own): examples per second both ways and their ratio, and whether the predictions
                  agree (at a pack's evaluations, every run scores its validation set, and often its test set)
