@@ -67,6 +67,25 @@ def test_cuda_graphs_build_the_graphed_step(tiny_factory):
     assert type(method) is GraphedPRGE and not method.graphs          # CPU tensors: the buffered step, eagerly
 
 
+@pytest.mark.parametrize("extra, noted", [((), True), (("--buckets", "64", "--cuda-graphs"), False)])
+def test_prge_train_on_a_gpu_points_to_cuda_graphs(monkeypatch, capsys, tmp_path, extra, noted):
+    """`prge train --device cuda` steps the fused engine eagerly unless asked for graphs (buckets change the
+    numbers by rounding, so they are the user's choice): it says so, with the options, before loading anything."""
+    from prge_lib.cli.main import main
+    from prge_lib.training import trainer as trainer_module
+
+    class Stop(Exception):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Stop
+    monkeypatch.setattr(trainer_module, "Trainer", refuse)
+    with pytest.raises(Stop):
+        main(["train", "--task", "sst2", "--device", "cuda", "--out", str(tmp_path / "r.json"), *extra])
+    said = capsys.readouterr().err
+    assert ("--cuda-graphs (the padding" in said) is noted, said
+
+
 def _model(tiny_factory, seed=0):
     model = tiny_factory(seed, 2)
     layers = inject_lorafa(model, r=4, noise="counter")

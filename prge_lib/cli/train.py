@@ -51,6 +51,11 @@ def run_train(args) -> int:
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
     resolved = config.resolved()      # refuse bad settings before loading anything
+    if resolved.engine == "fused" and resolved.device.startswith("cuda") and not resolved.cuda_graphs:
+        from prge_lib.models.buckets import FINE_BUCKETS
+        note("the fused step runs eagerly, one kernel launch at a time; on a GPU it is usually faster replayed as "
+             f"CUDA graphs: --buckets {','.join(map(str, FINE_BUCKETS))} --cuda-graphs (the padding changes the "
+             "numbers by rounding only)")
     if config.program:
         from prge_lib.deploy.export import check_program
         check_program(config.program, say=note)
