@@ -494,6 +494,33 @@ def lowp_step(model, lowp: bool, seed_offset: int = 0):
     return dispatched(lambda: pack.step({r: (batch, 0) for r in range(3)}))
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 0)], ids=["all-runs", "some-runs"])
+def test_copies_by_broadcast_equal_copies_by_gather(tiny_factory, order):
+    """A fused step of runs of one q makes each layer's 2q copies per run by broadcasting the run's q rows of z
+    and its B; runs of mixed q gather them per copy. Same multiply, same add: the same copies, bit for bit,
+    for every run of a pack or some of them, and in the order of the plan's copies (run, then ±ε, then seed)."""
+    from dataclasses import replace
+
+    from prge_lib.zo.packing import copy_weights
+
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 3, "eps": 1e-2 * (r + 1),
+                 "lr": 1e-2, "seed": r, "keep_noise": True} for r in range(3)]
+    pack = build_pack(tiny_factory(), settings, pad_id=0, fused=True)
+    plan = pack.plan(order)
+    generator = torch.Generator().manual_seed(3)
+    z = torch.randn(3 * len(order), 24, 4, generator=generator)
+    b = torch.randn(3, 24, 4, generator=generator)
+    broadcast = copy_weights(plan, z, b)
+    gathered = copy_weights(replace(plan, q=None), z, b)
+    assert plan.q == 3 and broadcast.shape == (2 * 3 * len(order), 24, 4)
+    assert torch.equal(broadcast, gathered)
+    for k, r in enumerate(order):                           # run r's copy c: B_r + s·z, +ε for c < q, then −ε
+        for c in range(6):
+            sign = 1 if c < 3 else -1
+            expected = z[3 * k + c % 3] * (sign * settings[r]["eps"]) + b[r]
+            assert torch.equal(broadcast[6 * k + c], expected)
+
+
 def fp16_step(model, qs, rows):
     """One fused pack step on an fp16 ``model`` of runs with these q's and batch rows: records and ATen ops."""
     settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,

@@ -23,7 +23,8 @@ width (``prge_lib.models.objective.fit_width``); the mask keeps padding out of e
 The fused pack (``Pack(fused=True)``, counter noise) is what a GPU runs, and it never loops over runs inside a
 layer: every run's B lives in one (R, D) tensor whose row r each of run r's ``lora_B`` parameters views, every
 layer's A in one (R, r, in) tensor, and a step draws the noise of all its runs in one call, (Σq, D). Each
-layer then makes all C = Σ 2q copies with one gather, multiply and add,
+layer then makes all C = Σ 2q copies with one multiply and one add (broadcast over a run's copies when the runs
+share q, gathered per copy otherwise; :func:`copy_weights`),
 
     B_c = B_{run(c)} + s_c z_{row(c)}        (the same two roundings as the run alone: z·s, then + B)
 
@@ -144,9 +145,7 @@ class PackedLoRAFALinear(nn.Module):
         out_features, rank = layer.out_features, layer.r
         b = state.flat[:, start:end].view(-1, out_features, rank)                  # (R, out, r): views
         z = state.z[:, start:end].view(-1, out_features, rank)                     # (Σq, out, r)
-        # B_c = z_row(c) · s_c + B_run(c): the multiply and the add of LoRAFALinear.copy_weights, in its order
-        copies = (z.index_select(0, plan.seed_row) * plan.scales).add_(b.index_select(0, plan.run_of_copy))
-        copies = copies.transpose(1, 2).to(out.dtype)                              # (C, r, out)
+        copies = copy_weights(plan, z, b).transpose(1, 2).to(out.dtype)            # (C, r, out)
         n = len(plan.seed_row)
         if state.rows_per_copy is None:          # runs with other rows per copy: each run's rows in turn
             first, c = 0, 0
@@ -168,6 +167,19 @@ class PackedLoRAFALinear(nn.Module):
         grouped = out.reshape(n, -1, out_features)
         grouped.baddbmm_(h.to(out.dtype).reshape(n, -1, rank), copies, alpha=layer.scaling)
         return out
+
+
+def copy_weights(plan: "_Plan", z: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The (C, out, r) copies of one layer's B for a fused step: B_c = z_row(c) · s_c + B_run(c), the multiply
+    and the add of ``LoRAFALinear.copy_weights`` in its order, from the step's (Σq, out, r) draw ``z`` and the
+    (R, out, r) B's ``b``. Runs of one q broadcast each run's q rows of z and its B over its 2q copies; runs of
+    mixed q gather them per copy. The same operations on the same operands: the same copies, bit for bit."""
+    if plan.q is None:
+        return (z.index_select(0, plan.seed_row) * plan.scales).add_(b.index_select(0, plan.run_of_copy))
+    q, (out_features, rank) = plan.q, b.shape[1:]
+    own = b if plan.all_runs else b.index_select(0, plan.work)                          # (W, out, r)
+    copies = z.view(-1, 1, q, out_features, rank) * plan.scales.view(-1, 2, q, 1, 1)   # (W, ±, q, out, r)
+    return copies.add_(own.view(-1, 1, 1, out_features, rank)).view(-1, out_features, rank)
 
 
 def inject_packed(model: nn.Module, adapters: Sequence[dict]) -> tuple[list[PackedLoRAFALinear],
