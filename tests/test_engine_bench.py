@@ -172,6 +172,58 @@ def test_a_profiled_step_says_where_its_time_went(tiny_factory, tokenizer):
     json.dumps(result)
 
 
+def test_the_byte_count_counts_what_operators_write_and_read():
+    """Outputs written and inputs read, by the tensors' element bytes: a view writes nothing, an expanded input is
+    read once per distinct element, an in-place result is written, and the noise draw is filed apart."""
+    from prge_lib.experiments.bench.traffic import ByteCount, count_step, tensor_bytes
+
+    a = torch.ones(4, 8)
+    with ByteCount() as count:
+        b = a.t()                                         # a view
+        c = a @ b                                         # reads 2 × 128 bytes, writes 4 × 4 × 4
+        d = torch.ones(1, 8).expand(4, 8) + 1             # reads 32 (one row), writes 128
+        d.add_(c[:, :1])                                  # in place: writes 128, reads 128 + 16
+    assert tensor_bytes(torch.ones(1, 8).expand(4, 8)) == 32
+    assert "aten::t" not in count.calls and count.written["aten::mm"] == 64 and count.read["aten::mm"] == 256
+    assert count.written["aten::add"] == 128 and count.read["aten::add"] == 32
+    assert count.written["aten::add_"] == 128 and count.read["aten::add_"] == 128 + 16
+    from prge_lib.zo import packing
+
+    counted = count_step(lambda: (packing.counter_normal_seeds(torch.tensor([1, 2]), 0, 1000), a @ a.t()))
+    assert counted["kinds"]["noise"]["written_bytes"] > 2 * 1000 * 4          # at least the draw it returns
+    assert counted["kinds"]["matmul"]["written_bytes"] == 64
+    assert sum(k["share"] for k in counted["kinds"].values()) == pytest.approx(1.0)
+
+
+def test_the_traffic_count_shows_the_fp32_copies_a_pack_step_saves(tiny_factory, tokenizer, monkeypatch):
+    """`--traffic` on the CPU: every configuration's step counted, split by kind and summing to its totals; and the
+    count sees what the fused pack's changes save over an fp16 base: the fp32 copies of inputs that q, k, v (and
+    gate, up) share, and all of them with the fp16 low-rank product."""
+    from prge_lib.zo import packing
+
+    def make_model(dtype):
+        model = tiny_factory(0, 1)
+        return (model.half() if dtype == "fp16" else model), tokenizer
+
+    def copies(configs):
+        result = engine_bench(make_model, configs, ["sst2"], q=2, E=4, seq_len=48, buckets=(32, 64), dtype="fp16",
+                              steps=1, warmup=1, progress=lambda line: None, traffic=True)
+        records = result["tasks"]["sst2"]["configs"]
+        for record in records.values():
+            traffic = record["traffic"]
+            assert traffic["written_bytes"] > 0 and traffic["read_bytes"] > 0
+            assert sum(k["written_bytes"] for k in traffic["kinds"].values()) == traffic["written_bytes"]
+            assert sum(k["share"] for k in traffic["kinds"].values()) == pytest.approx(1.0)
+            assert traffic["kinds"]["matmul"]["written_bytes"] > 0 and traffic["kinds"]["noise"]["written_bytes"] > 0
+        json.dumps(result)
+        return {name: r["traffic"]["kinds"]["copy"]["written_bytes"] for name, r in records.items()}
+
+    shared = copies(["packed-2", "packed-2-lowp"])
+    monkeypatch.setattr(packing._StepState, "low_rank_input", lambda self, x, dtype: x.to(dtype))
+    each = copies(["packed-2"])
+    assert shared["packed-2-lowp"] < shared["packed-2"] < each["packed-2"]
+
+
 def test_kernels_and_operators_are_sorted_into_kinds():
     from prge_lib.experiments.bench.profile import kind_of
 

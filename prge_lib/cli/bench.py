@@ -68,7 +68,7 @@ def run_engine_bench(args) -> int:
                           q=q, E=args.E, seq_len=args.seq_len, buckets=buckets, dtype=args.dtype,
                           steps=args.repeats, warmup=args.warmup, max_pack=args.max_pack,
                           graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr),
-                          profile=args.profile, eval_examples=args.eval_examples)
+                          profile=args.profile, eval_examples=args.eval_examples, traffic=args.traffic)
     result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
                    **({"eval_examples": args.eval_examples} if any(c.startswith("eval-") for c in configs) else {}),
                    "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
@@ -141,6 +141,10 @@ def bench_options(be) -> None:
     be.add_argument("--profile", action="store_true",
                     help="--configs: run one step of each configuration again under torch.profiler and record "
                          "where its time went (GPU kernels on a GPU, operators on the CPU; by kind and the top 15)")
+    be.add_argument("--traffic", action="store_true",
+                    help="--configs: run one step of each configuration again with the bytes its operators write and "
+                         "read counted, by kind (matmul, attention, copy, noise, other) and the top 15: a count, the "
+                         "same on any machine, not a timing (a pack's step eagerly, as its CUDA graph records it)")
     be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
     be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
     be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")

@@ -33,6 +33,7 @@ from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.experiments.bench.profile import profile_step
+from prge_lib.experiments.bench.traffic import count_step
 from prge_lib.models.buckets import bucket_length, to_bucket
 from prge_lib.models.objective import IGNORE, Batch
 from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
@@ -177,11 +178,14 @@ class _Timed:
 
 def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable, dtype: str, q: int, E: int,
             buckets: Sequence[int] | None, steps: int, warmup: int, runs: int = 1, graphs: bool = True,
-            eps: float = 1e-2, lr: float = 1e-9, width_groups: int = 1, profile: bool = False) -> dict:
+            eps: float = 1e-2, lr: float = 1e-9, width_groups: int = 1, profile: bool = False,
+            traffic: bool = False) -> dict:
     """Time one configuration on a fresh model from ``make_model(dtype)``; ``source_for(model, tokenizer)``
     gives its batch source (rows, t) → Batch. Returns its record (without ``mfu`` and ratios); with
     ``profile``, the first timed step run once more under the profiler (``profile``: where its time went,
-    :func:`~prge_lib.experiments.bench.profile.profile_step`; its shapes are recorded already)."""
+    :func:`~prge_lib.experiments.bench.profile.profile_step`; its shapes are recorded already); with
+    ``traffic``, once more with its operators' bytes counted (``traffic``:
+    :func:`~prge_lib.experiments.bench.traffic.count_step`; a pack's step eagerly, as its CUDA graph records it)."""
     model, tokenizer = make_model("fp32" if name == "eager" else dtype)
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
@@ -239,6 +243,17 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
                   real_token_share=share)
     if profile:
         record["profile"] = profile_step(lambda: timed(warmup), cuda)
+    if traffic:
+        if name.startswith("packed"):
+            pack.graphs, graphed = False, pack.graphs      # a replay dispatches nothing: count the step it records
+            try:
+                record["traffic"] = count_step(lambda: timed(warmup))
+            finally:
+                pack.graphs = graphed
+        elif not (cuda and graphs and name != "eager"):
+            record["traffic"] = count_step(lambda: timed(warmup))
+        else:
+            record["traffic"] = {"not_counted": "a CUDA graph's replay dispatches no operators (count it on the CPU)"}
     del timed
     release_memory()
     return record
@@ -303,10 +318,12 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                  q: int = 4, E: int = 16, seq_len: int = 256,
                  buckets: Sequence[int] | None = (64, 128, 256), dtype: str = "fp16", steps: int = 5,
                  warmup: int = 2, max_pack: int = 256, graphs: bool = True,
-                 progress: Callable[[str], None] = print, profile: bool = False, eval_examples: int = 256) -> dict:
+                 progress: Callable[[str], None] = print, profile: bool = False, eval_examples: int = 256,
+                 traffic: bool = False) -> dict:
     """Measure ``configs`` on real training batches of each of ``tasks`` (prompts cut to ``seq_len``) and
     return, per task, each configuration's record with its ``mfu`` and its ratios to ``eager`` (when
-    measured), plus the device's name and peak (with ``profile``, each record's ``profile``: :func:`measure`;
+    measured), plus the device's name and peak (with ``profile`` or ``traffic``, each record's ``profile`` or
+    ``traffic``: :func:`measure`;
     eval-N: :func:`measure_evaluation` over ``eval_examples`` validation examples per run). ``make_model(dtype)``
     returns (model, tokenizer) on the device to measure."""
     configs = list(configs)
@@ -322,7 +339,7 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
 
         def run(config: str, runs: int = 1, groups: int = 1) -> dict:
             return measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, runs, graphs,
-                           width_groups=groups, profile=profile)
+                           width_groups=groups, profile=profile, traffic=traffic)
 
         records = {}
         for config in configs:
