@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, eval_spec, forward_flops,
-                                               forward_tokens, pack_spec, parse_configs, peak_flops, real_token_share,
-                                               step_batches, step_flops)
+                                               forward_tokens, pack_options, pack_spec, parse_configs, peak_flops,
+                                               real_token_share, step_batches, step_flops)
 from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.models.objective import collate
 
@@ -26,8 +26,13 @@ def test_config_names():
     assert parse_configs("eval-16,packed-8") == ["eval-16", "packed-8"]
     assert pack_spec("packed-256-lowp") == (256, 1) and pack_spec("packed-max-g4-lowp") == (None, 4)
     assert eval_spec("eval-16") == 16 and eval_spec("eval-0") is None and eval_spec("packed-8") is None
+    assert pack_spec("packed-256-lowp-compiled") == (256, 1) and pack_spec("packed-8-g2-compiled") == (8, 2)
+    assert pack_options("packed-256-lowp-compiled") == ("packed-256", {"lowp_lora": True, "compiled": True})
+    assert pack_options("packed-8-compiled") == ("packed-8", {"compiled": True})
+    assert pack_options("packed-8") == ("packed-8", {})
     for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
-                "eval-0", "eval-x", "eval", "packed-lowp", "lowp", "packed-8-lowp-g2"):
+                "eval-0", "eval-x", "eval", "packed-lowp", "lowp", "packed-8-lowp-g2", "packed-8-compiled-lowp",
+                "packed-compiled"):
         with pytest.raises(ValueError):
             parse_configs(bad)
 
@@ -222,6 +227,28 @@ def test_the_traffic_count_shows_the_fp32_copies_a_pack_step_saves(tiny_factory,
     monkeypatch.setattr(packing._StepState, "low_rank_input", lambda self, x, dtype: x.to(dtype))
     each = copies(["packed-2"])
     assert shared["packed-2-lowp"] < shared["packed-2"] < each["packed-2"]
+
+
+def test_a_compiled_pack_that_fails_is_recorded_and_the_others_run(tiny_factory, tokenizer, monkeypatch):
+    """A -compiled configuration that cannot compile (here: made to raise) is the record's ``error``; the other
+    configurations are measured and the ratios skip it; a compiled pack is not counted by --traffic."""
+    from prge_lib.experiments.bench import engine
+
+    real = engine.build_pack
+
+    def build(*args, compiled=False, **kwargs):
+        if compiled:
+            raise RuntimeError("no compiler here\nmore lines")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "build_pack", build)
+    result = engine_bench(lambda dtype: (tiny_factory(0, 1), tokenizer), ["eager", "packed-2", "packed-2-compiled"],
+                          ["sst2"], q=2, E=4, seq_len=48, buckets=(32, 64), dtype="fp32", steps=1, warmup=1,
+                          progress=lambda line: None)
+    records = result["tasks"]["sst2"]["configs"]
+    assert records["packed-2-compiled"] == {"config": "packed-2-compiled", "error": "RuntimeError: no compiler here"}
+    assert records["packed-2"]["run_steps_per_s"] > 0
+    assert set(result["tasks"]["sst2"]["ratios"]) == {"packed-2_over_eager"}
 
 
 def test_kernels_and_operators_are_sorted_into_kinds():

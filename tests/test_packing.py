@@ -521,6 +521,46 @@ def test_copies_by_broadcast_equal_copies_by_gather(tiny_factory, order):
             assert torch.equal(broadcast[6 * k + c], expected)
 
 
+def compiled_steps(model, compiled: bool, seed_offset: int = 0):
+    """Three fused steps of a pack of three runs (q 2) on ``model``, at batch widths 12, 16 and 20."""
+    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2,
+                 "lr": 1e-2, "seed": r + seed_offset, "keep_noise": True} for r in range(3)]
+    pack = build_pack(model, settings, pad_id=0, fused=True, compiled=compiled)
+    generator = torch.Generator().manual_seed(5)
+    records = []
+    for t, width in enumerate((12, 16, 20)):
+        ids = torch.randint(1, 500, (2, width), generator=generator)
+        batch = Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
+        records.append(pack.step({r: (batch, t) for r in range(3)}))
+    return records
+
+
+def test_a_compiled_pack_traces_its_whole_decoder_as_one_graph(tiny_factory):
+    """Pack(compiled=True): the decoder and its packed projections compile without a graph break, the second batch
+    width compiles once more (with dynamic sizes) and the third reuses it; every run's loss and g stay within a
+    small gap of the eager pack's (fused kernels round differently), far inside the gap to another seed's step."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    eager = compiled_steps(tiny_factory(), False)
+    other = compiled_steps(tiny_factory(), False, seed_offset=10)
+    dynamo.reset()
+    counters.clear()
+    compiled = compiled_steps(tiny_factory(), True)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 2
+    for step, (a, b, c) in enumerate(zip(eager, compiled, other)):
+        for r in range(3):
+            gap = max(abs(x - y) for x, y in zip(a[r]["projected_grad"], b[r]["projected_grad"]))
+            apart = max(abs(x - y) for x, y in zip(a[r]["projected_grad"], c[r]["projected_grad"]))
+            print(f"step {step} run {r}: g gap {gap:.1e} compiled, {apart:.1e} to another seed's step")
+            assert gap < 1e-3 * apart and abs(a[r]["loss"] - b[r]["loss"]) < 1e-5 * abs(a[r]["loss"])
+    with pytest.raises(ValueError, match="compiled runs the fused step's forward through torch.compile: it needs"):
+        build_pack(tiny_factory(), [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2,
+                                     "eps": 1e-2, "lr": 1e-2, "seed": 0, "keep_noise": True}], 0, compiled=True)
+    dynamo.reset()
+
+
 def fp16_step(model, qs, rows):
     """One fused pack step on an fp16 ``model`` of runs with these q's and batch rows: records and ATen ops."""
     settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,

@@ -45,7 +45,7 @@ def test_the_stages_in_priority_order(tmp_path):
     groups_check, groups_bench = stages.pop(2).commands      # packs in width groups: their graph check, then timed
     assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay")
     assert groups_bench[:3] == ("bench", "--configs",
-                                "optimised,packed-256,packed-256-lowp,packed-256-g4,packed-256-g8,eval-16")
+                                "optimised,packed-256,packed-256-lowp,packed-256-compiled,packed-256-g4,packed-256-g8,eval-16")
     assert groups_bench[groups_bench.index("--eval-examples") + 1] == "64"     # 16 runs' evaluations, kept short
     assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
     assert "--profile" in groups_bench                       # and where each configuration's step spends its time
@@ -77,14 +77,14 @@ def test_the_stages_in_priority_order(tmp_path):
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
-    lines = sitting.plan_lines(stages, tmp_path, time_limit=20)
+    lines = sitting.plan_lines(stages, tmp_path, time_limit=22)
     assert lines[0].startswith("1. gpu-check") and "about 1.5 min; runs" in lines[0]
     assert lines[2].startswith("2. engine-bench-sst2") and "about 2.5 min; runs" in lines[2]
-    assert any("4. engine-groups" in line and "about 6 min; runs" in line for line in lines)
-    # 1.5 + 2.5 + 4.5 + 6 = 14.5 of 20 minutes: the grid (resumable) gets the 5.5 left
+    assert any("4. engine-groups" in line and "about 8 min; runs" in line for line in lines)
+    # 1.5 + 2.5 + 4.5 + 8 = 16.5 of 22 minutes: the grid (resumable) gets the 5.5 left
     assert any("5. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
     assert any("6. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 934 min in all; time limit 20 min"
+    assert lines[-1] == "still to run: about 936 min in all; time limit 22 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):

@@ -171,7 +171,8 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
     """A packed run's share of an optimised run's step, from the engine benchmarks (``prge bench --configs``,
     kind "engine-bench") under ``benches`` made on a ``device`` of this kind: per task, from the newest
     benchmark of that task (an older one measured an older engine), the optimised run's run-steps per second
-    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group). Empty
+    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group and
+    the grids' own step, without -lowp or -compiled). Empty
     where no benchmark of that device has both."""
     newest: dict[str, tuple[str, list[float]]] = {}
     for path in sorted(Path(benches).rglob("*.json")):
@@ -187,6 +188,7 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
                 alone = records.get("optimised", {}).get("run_steps_per_s")
                 packs = {r["runs"]: r["run_steps_per_s"] for k, r in records.items()
                          if k.startswith("packed-") and r.get("width_groups", 1) == 1 and not r.get("lowp_lora")
+                         and not r.get("compiled")
                          and "run_steps_per_s" in r}
                 chosen = [packs[runs]] if runs in packs else list(packs.values())
                 shares = [alone / rate for rate in chosen if alone and rate]

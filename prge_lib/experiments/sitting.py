@@ -104,7 +104,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     groups = (("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay", "--out",
                str(out / "engine_groups_check.json"),
                *common),
-              ("bench", "--configs", "optimised,packed-256,packed-256-lowp,packed-256-g4,packed-256-g8,eval-16",
+              ("bench", "--configs", "optimised,packed-256,packed-256-lowp,packed-256-compiled,packed-256-g4,packed-256-g8,"
+               "eval-16",
                "--task", "sst2,rte", "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS,
                "--repeats", "10", "--warmup", "3", "--profile", "--eval-examples", "64",
                "--out", str(out / "engine_groups.json"), *common))
@@ -129,9 +130,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed",
                     minutes, (bench(task),))
               for task, title, minutes in (("sst2", "SST-2", 2.5), ("rte", "RTE", 4.5))),
-            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, SST-2 and RTE, each step profiled "
-                  "(the pack, group-graph and seed-replay checks first); 16 runs' evaluations alone and together",
-                  6.0, groups),
+            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, with the fp16 low-rank product, "
+                  "compiled, SST-2 and RTE, each step profiled (the pack, group-graph and seed-replay checks first); "
+                  "16 runs' evaluations alone and together", 8.0, groups),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
             paired_stage("paired-fp32-fp16", paired_seeds),

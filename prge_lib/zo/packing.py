@@ -234,11 +234,15 @@ class Pack:
     ``lowp_lora`` (fused, a measurement option of ``prge bench``, not what the grids train with): the fused step's
     x A_rᵀ in the activations' dtype (an fp16 base: fp16 products, A rounded to fp16 once) instead of casting the
     projections' inputs to fp32 for it (four copies a decoder layer, :meth:`_StepState.low_rank_input`); B, its
-    noise and the update stay fp32. On an fp32 base nothing changes."""
+    noise and the update stay fp32. On an fp32 base nothing changes.
+    ``compiled`` (fused, a measurement option of ``prge bench`` too): the model's decoder through ``torch.compile``,
+    one graph for the whole stack of layers with its packed projections (no graph breaks, one more compilation for
+    a second batch shape, then dynamic sizes; ``tests/test_packing.py``), so the casts and the elementwise work
+    between the products run fused; its records differ from the eager step's by the rounding of fused kernels."""
 
     def __init__(self, model: nn.Module, layers: Sequence[PackedLoRAFALinear], runs: Sequence[PackedRun],
                  pad_id: int, fused: bool = False, buckets: Sequence[int] | None = None, graphs: bool = False,
-                 width_groups: int = 1, lowp_lora: bool = False):
+                 width_groups: int = 1, lowp_lora: bool = False, compiled: bool = False):
         self.model, self.layers, self.runs, self.pad_id = model, list(layers), list(runs), pad_id
         self.fused, self.buckets, self.graphs = fused, tuple(buckets) if buckets else None, graphs
         if graphs and not fused:
@@ -246,6 +250,9 @@ class Pack:
         if lowp_lora and not fused:
             raise ValueError("lowp_lora changes the fused step's low-rank product: it needs fused=True")
         self.lowp_lora = lowp_lora
+        if compiled and not fused:
+            raise ValueError("compiled runs the fused step's forward through torch.compile: it needs fused=True")
+        self.compiled = compiled
         if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
             raise ValueError(f"width_groups takes a whole number of groups ≥ 1, got {width_groups!r}")
         self.width_groups = width_groups
@@ -257,6 +264,8 @@ class Pack:
         self.plans: dict[tuple[int, ...], _Plan] = {}
         if fused:
             self._stack()
+        if compiled:
+            model.get_decoder().compile()
 
     @torch.no_grad()
     def _stack(self) -> None:
@@ -574,7 +583,10 @@ class _StepState:
         """``x`` in ``dtype`` for the product x A_rᵀ, cast once for every projection that reads the same input:
         a decoder layer's q, k and v read one tensor, and so do gate and up, so over an fp16 base a layer makes
         four fp32 copies of its inputs instead of seven (the same cast, so the same numbers, bit for bit). The
-        copy is kept until a projection reads another input (or the step ends)."""
+        copy is kept until a projection reads another input (or the step ends). Under ``torch.compile`` every
+        projection casts, and the compiler merges the identical casts itself."""
+        if torch.compiler.is_compiling():
+            return x.to(dtype)
         if self.cast is not None:
             source, version, kind, value = self.cast
             if source is x and version == x._version and kind == dtype:
@@ -615,13 +627,13 @@ class PackedMethod:
 
 def build_pack(model: nn.Module, settings: Sequence[dict], pad_id: int, fused: bool = False,
                buckets: Sequence[int] | None = None, graphs: bool = False, width_groups: int = 1,
-               lowp_lora: bool = False) -> Pack:
+               lowp_lora: bool = False, compiled: bool = False) -> Pack:
     """A pack of R runs on ``model``; ``settings[r]`` holds run r's targets, r, alpha, noise, q, eps, lr, seed
     and keep_noise (None: by the memory budget, as ``PRGE`` decides); ``fused``, ``buckets``, ``graphs``,
-    ``width_groups`` and ``lowp_lora``: :class:`Pack`."""
+    ``width_groups``, ``lowp_lora`` and ``compiled``: :class:`Pack`."""
     adapters = [{k: s[k] for k in ("targets", "r", "alpha", "seed", "noise")} for s in settings]
     packed, per_run = inject_packed(model, adapters)
     runs = [PackedRun(layers, s["q"], s["eps"], s["lr"], s["seed"], keeps_noise(layers, s["q"], s["keep_noise"]))
             for layers, s in zip(per_run, settings)]
-    return Pack(model, packed, runs, pad_id, fused, buckets, graphs, width_groups, lowp_lora)
+    return Pack(model, packed, runs, pad_id, fused, buckets, graphs, width_groups, lowp_lora, compiled)
 

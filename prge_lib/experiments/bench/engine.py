@@ -10,6 +10,9 @@ ratios compare like with like.
     …-gK         (packed-N-gK, packed-max-gK) each step's runs in K forwards by batch width (Pack.width_groups)
     …-lowp       (after any pack) the low-rank product x A_rᵀ in the base's dtype instead of fp32 (Pack.lowp_lora):
                  with an fp16 base, no fp32 copies of the projections' inputs; a measurement, not what grids run
+    …-compiled   (after any pack, and after -lowp) the decoder through torch.compile (Pack.compiled): casts and
+                 elementwise work fused between the products; a measurement, not what grids run; a failure to
+                 compile is recorded as the configuration's ``error`` and the others still run
     eval-N       the validation sets of N runs of a pack scored one run after another, then in shared forwards
                  (Pack.each_own): examples per second both ways and their ratio, and whether the predictions
                  agree (at a pack's evaluations, every run scores its validation set, and often its test set)
@@ -59,11 +62,24 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
+PACK_OPTIONS = ("-lowp", "-compiled")      # after a pack's name, in this order: Pack(lowp_lora=…, compiled=…)
+
+
+def pack_options(name: str) -> tuple[str, dict]:
+    """A packed configuration's name without its options, and the options (``lowp_lora``, ``compiled``) it names:
+    packed-256-lowp-compiled → (packed-256, both True)."""
+    options = {}
+    for suffix, option in zip(reversed(PACK_OPTIONS), ("compiled", "lowp_lora")):
+        if name.endswith(suffix):
+            name, options[option] = name.removesuffix(suffix), True
+    return name, options
+
+
 def pack_spec(name: str) -> tuple[int | None, int] | None:
     """(runs, width groups) of a packed configuration's name: packed-N → (N, 1), packed-N-gK → (N, K),
-    packed-max → (None, 1), packed-max-gK → (None, K), any of them with -lowp after it the same; None for a name
-    that is not one (N, K ≥ 1)."""
-    parts = name.removesuffix("-lowp").split("-")
+    packed-max → (None, 1), packed-max-gK → (None, K), any of them with -lowp and/or -compiled after it the same;
+    None for a name that is not one (N, K ≥ 1)."""
+    parts = pack_options(name)[0].split("-")
     if len(parts) not in (2, 3) or parts[0] != "packed":
         return None
     size, groups = parts[1], parts[2] if len(parts) == 3 else "g1"
@@ -82,14 +98,15 @@ def eval_spec(name: str) -> int | None:
 
 def parse_configs(text: str) -> list[str]:
     """``eager,optimised,packed-8,packed-max,packed-256-g4,packed-256-lowp,eval-16`` as a list, each name checked
-    (packed-N with N ≥ 1, an optional -gK with K ≥ 1 width groups, an optional -lowp; eval-N with N ≥ 1)."""
+    (packed-N with N ≥ 1, an optional -gK with K ≥ 1 width groups, then optional -lowp and -compiled; eval-N with
+    N ≥ 1)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
         if name in FIXED or pack_spec(name) is not None or eval_spec(name) is not None:
             continue
         raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1), "
-                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4) and/or -lowp, or eval-N "
-                         f"(N ≥ 1)")
+                         f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4), then -lowp and/or "
+                         f"-compiled, or eval-N (N ≥ 1)")
     if not names:
         raise ValueError("--configs names no configuration")
     return names
@@ -205,12 +222,12 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     else:
         settings = [{"targets": DEFAULT_TARGETS, "r": LORA_R, "alpha": LORA_ALPHA, "noise": "counter", "q": q,
                      "eps": eps, "lr": lr, "seed": seed, "keep_noise": True} for seed in range(runs)]
-        lowp = name.endswith("-lowp")
+        options = pack_options(name)[1]
         pack = build_pack(model, settings, pad, fused=True, buckets=buckets, graphs=cuda and graphs,
-                          width_groups=width_groups, lowp_lora=lowp)
+                          width_groups=width_groups, **options)
         layers = pack.runs[0].layers
         record.update(engine="fused", noise="counter", cuda_graphs=cuda and graphs, width_groups=width_groups,
-                      **({"lowp_lora": True} if lowp else {}))
+                      **options)
     lora = [(layer.in_features, layer.out_features) for layer in layers]
 
     def flops(batches: list[Batch]) -> int:
@@ -244,7 +261,9 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     if profile:
         record["profile"] = profile_step(lambda: timed(warmup), cuda)
     if traffic:
-        if name.startswith("packed"):
+        if name.startswith("packed") and pack.compiled:
+            record["traffic"] = {"not_counted": "a compiled forward's kernels are not operators to count"}
+        elif name.startswith("packed"):
             pack.graphs, graphed = False, pack.graphs      # a replay dispatches nothing: count the step it records
             try:
                 record["traffic"] = count_step(lambda: timed(warmup))
@@ -357,6 +376,17 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                     records[config] = {"config": config, "error": "no pack fit", "stops": stops}
                     continue
                 record["stops"] = stops
+            elif spec is not None and pack_options(config)[1].get("compiled"):
+                try:              # a compiler that fails here (no Triton, a capture it breaks): said, the rest run
+                    record = run(config, *spec)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as err:
+                    release_memory()
+                    records[config] = {"config": config, "error": f"{type(err).__name__}: "
+                                                                   f"{str(err).splitlines()[0] if str(err) else ''}"}
+                    progress(f"{task} {config}: failed ({records[config]['error']})")
+                    continue
             elif spec is not None:
                 record = run(config, *spec)
             elif config == "optimised" and graphs and device.type == "cuda":
