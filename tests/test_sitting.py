@@ -44,8 +44,8 @@ def test_the_stages_in_priority_order(tmp_path):
         assert command[command.index("--checkpoint-root") + 1] == sitting.CHECKPOINTS == "build/gpu-checkpoints"
     groups_check, groups_bench = stages.pop(2).commands      # packs in width groups: their graph check, then timed
     assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay")
-    assert groups_bench[:3] == ("bench", "--configs",
-                                "optimised,packed-256,packed-256-lowp,packed-256-compiled,packed-256-g4,packed-256-g8,eval-16")
+    assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-lowp,packed-256-compiled,"
+                                                      "packed-256-g4,packed-256-g8,eval-16")
     assert groups_bench[groups_bench.index("--eval-examples") + 1] == "64"     # 16 runs' evaluations, kept short
     assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
     assert "--profile" in groups_bench                       # and where each configuration's step spends its time

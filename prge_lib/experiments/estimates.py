@@ -171,9 +171,8 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
     """A packed run's share of an optimised run's step, from the engine benchmarks (``prge bench --configs``,
     kind "engine-bench") under ``benches`` made on a ``device`` of this kind: per task, from the newest
     benchmark of that task (an older one measured an older engine), the optimised run's run-steps per second
-    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group and
-    the grids' own step, without -lowp or -compiled). Empty
-    where no benchmark of that device has both."""
+    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group and the
+    grids' own step, without -lowp or -compiled). Empty where no benchmark of that device has both."""
     newest: dict[str, tuple[str, list[float]]] = {}
     for path in sorted(Path(benches).rglob("*.json")):
         try:

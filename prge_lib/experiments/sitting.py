@@ -104,8 +104,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     groups = (("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay", "--out",
                str(out / "engine_groups_check.json"),
                *common),
-              ("bench", "--configs", "optimised,packed-256,packed-256-lowp,packed-256-compiled,packed-256-g4,packed-256-g8,"
-               "eval-16",
+              ("bench", "--configs",
+               "optimised,packed-256,packed-256-lowp,packed-256-compiled,packed-256-g4,packed-256-g8,eval-16",
                "--task", "sst2,rte", "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS,
                "--repeats", "10", "--warmup", "3", "--profile", "--eval-examples", "64",
                "--out", str(out / "engine_groups.json"), *common))
