@@ -79,6 +79,12 @@ def configs(pack: str, **changes) -> list[TrainConfig]:
     return [TrainConfig(**{**COMMON, **run, **changes}) for run in PACKS[pack]]
 
 
+def run_settings(seed: int, q: int = 2, eps: float = 1e-2, lr: float = 1e-2) -> dict:
+    """One run's settings for build_pack on the tiny model: LoRA-FA r 4 on every target, counter noise."""
+    return {"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": eps, "lr": lr,
+            "seed": seed, "keep_noise": True}
+
+
 def packed(tiny_factory, tokenizer, task_data, runs, folders=None, width_groups: int = 1) -> PackedTrainer:
     return PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], folders,
                          progress=False, width_groups=width_groups)
@@ -243,8 +249,7 @@ def test_runs_of_other_models_or_methods_are_refused():
 def fused_step_ops(model, runs: int, q: int = 2, rows: int = 2, length: int = 12) -> Counter:
     """The ATen operations one fused pack step of ``runs`` runs (one q, one row count) dispatches, batch
     assembly left out: the pack's own work (noise, forward, losses, update, the record's copy)."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,
-                 "lr": 1e-3 * (r + 1), "seed": r, "keep_noise": True} for r in range(runs)]
+    settings = [run_settings(r, q, lr=1e-3 * (r + 1)) for r in range(runs)]
     pack = build_pack(model, settings, pad_id=0, fused=True)
     generator = torch.Generator().manual_seed(0)
     n = 2 * q * rows
@@ -289,8 +294,7 @@ def test_a_buffered_pack_step_gives_the_fused_steps_numbers(tiny_factory):
     """The pack's CUDA-graph path (graphs=True: the uniform step reading fixed buffers, one per set of runs and
     batch shape) runs eagerly on the CPU; its records and B's equal the plain fused pack's bit for bit, also
     when only some runs step (the update then adds into their rows alone)."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2 * (r + 1),
-                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(3)]
+    settings = [run_settings(r, eps=1e-2 * (r + 1), lr=1e-2 * (r + 1)) for r in range(3)]
     packs = [build_pack(tiny_factory(), settings, pad_id=0, fused=True, graphs=graphs) for graphs in (False, True)]
     generator = torch.Generator().manual_seed(1)
 
@@ -325,8 +329,7 @@ def test_a_grouped_pack_step_is_each_groups_step(tiny_factory):
     """width_groups = 2: the runs of a step sorted by batch width and cut in two, each group one forward padded
     to its own widest batch; its records and B's are those of the same pack stepping each group by itself, bit
     for bit (graphs and plain alike), and its forwards are no wider than their groups need."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2 * (r + 1),
-                 "lr": 1e-2 * (r + 1), "seed": r, "keep_noise": True} for r in range(4)]
+    settings = [run_settings(r, eps=1e-2 * (r + 1), lr=1e-2 * (r + 1)) for r in range(4)]
     generator = torch.Generator().manual_seed(2)
 
     def batch(length: int) -> Batch:
@@ -481,19 +484,6 @@ def test_a_pack_evaluates_its_runs_together(tiny_factory, tokenizer, task_data, 
         PackedTrainer(runs, tiny_factory(), tokenizer, [task_data(c.task) for c in runs], eval_together=0)
 
 
-def lowp_step(model, lowp: bool, seed_offset: int = 0):
-    """One fused pack step of three runs (q 2) on ``model``: the records, and the ATen operations it dispatched."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2,
-                 "lr": 1e-2, "seed": r + seed_offset, "keep_noise": True} for r in range(3)]
-    pack = build_pack(model, settings, pad_id=0, fused=True, lowp_lora=lowp)
-    with torch.no_grad():
-        pack.flat.copy_(1e-2 * torch.randn(pack.flat.shape, generator=torch.Generator().manual_seed(4)))
-    generator = torch.Generator().manual_seed(5)
-    ids = torch.randint(1, 500, (2, 12), generator=generator)
-    batch = Batch(ids, torch.ones_like(ids), torch.randint(1, 500, (2, 1), generator=generator))
-    return dispatched(lambda: pack.step({r: (batch, 0) for r in range(3)}))
-
-
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 0)], ids=["all-runs", "some-runs"])
 def test_copies_by_broadcast_equal_copies_by_gather(tiny_factory, order):
     """A fused step of runs of one q makes each layer's 2q copies per run by broadcasting the run's q rows of z
@@ -503,8 +493,7 @@ def test_copies_by_broadcast_equal_copies_by_gather(tiny_factory, order):
 
     from prge_lib.zo.packing import copy_weights
 
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 3, "eps": 1e-2 * (r + 1),
-                 "lr": 1e-2, "seed": r, "keep_noise": True} for r in range(3)]
+    settings = [run_settings(r, q=3, eps=1e-2 * (r + 1)) for r in range(3)]
     pack = build_pack(tiny_factory(), settings, pad_id=0, fused=True)
     plan = pack.plan(order)
     generator = torch.Generator().manual_seed(3)
@@ -523,9 +512,8 @@ def test_copies_by_broadcast_equal_copies_by_gather(tiny_factory, order):
 
 def compiled_steps(model, compiled: bool, seed_offset: int = 0):
     """Three fused steps of a pack of three runs (q 2) on ``model``, at batch widths 12, 16 and 20."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2, "eps": 1e-2,
-                 "lr": 1e-2, "seed": r + seed_offset, "keep_noise": True} for r in range(3)]
-    pack = build_pack(model, settings, pad_id=0, fused=True, compiled=compiled)
+    pack = build_pack(model, [run_settings(r + seed_offset) for r in range(3)], pad_id=0, fused=True,
+                      compiled=compiled)
     generator = torch.Generator().manual_seed(5)
     records = []
     for t, width in enumerate((12, 16, 20)):
@@ -556,16 +544,15 @@ def test_a_compiled_pack_traces_its_whole_decoder_as_one_graph(tiny_factory):
             print(f"step {step} run {r}: g gap {gap:.1e} compiled, {apart:.1e} to another seed's step")
             assert gap < 1e-3 * apart and abs(a[r]["loss"] - b[r]["loss"]) < 1e-5 * abs(a[r]["loss"])
     with pytest.raises(ValueError, match="compiled runs the fused step's forward through torch.compile: it needs"):
-        build_pack(tiny_factory(), [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2,
-                                     "eps": 1e-2, "lr": 1e-2, "seed": 0, "keep_noise": True}], 0, compiled=True)
+        build_pack(tiny_factory(), [run_settings(0)], 0, compiled=True)
     dynamo.reset()
 
 
-def fp16_step(model, qs, rows):
-    """One fused pack step on an fp16 ``model`` of runs with these q's and batch rows: records and ATen ops."""
-    settings = [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": q, "eps": 1e-2,
-                 "lr": 1e-2, "seed": r, "keep_noise": True} for r, q in enumerate(qs)]
-    pack = build_pack(model, settings, pad_id=0, fused=True)
+def pack_step(model, qs=(2, 2, 2), rows=(2, 2, 2), seed_offset: int = 0, **options):
+    """One fused pack step on ``model`` of runs with these q's and batch rows (each run its own batch), B set to
+    small random values, the pack built with ``options`` (lowp_lora, …): the records and the ATen operations."""
+    settings = [run_settings(r + seed_offset, q) for r, q in enumerate(qs)]
+    pack = build_pack(model, settings, pad_id=0, fused=True, **options)
     with torch.no_grad():
         pack.flat.copy_(1e-2 * torch.randn(pack.flat.shape, generator=torch.Generator().manual_seed(4)))
     generator = torch.Generator().manual_seed(5)
@@ -585,9 +572,9 @@ def test_projections_reading_one_input_share_its_fp32_copy(tiny_factory, monkeyp
     the fused step's three paths (one q, q's mixed, rows per copy mixed)."""
     from prge_lib.zo import packing
 
-    shared, shared_ops = fp16_step(tiny_factory().half(), qs, rows)
+    shared, shared_ops = pack_step(tiny_factory().half(), qs, rows)
     monkeypatch.setattr(packing._StepState, "low_rank_input", lambda self, x, dtype: x.to(dtype))
-    each, each_ops = fp16_step(tiny_factory().half(), qs, rows)
+    each, each_ops = pack_step(tiny_factory().half(), qs, rows)
     assert shared == each
     layers = 2                                              # the tiny model's decoder layers
     assert shared_ops["aten._to_copy"] == each_ops["aten._to_copy"] - 3 * layers
@@ -598,12 +585,12 @@ def test_a_low_precision_low_rank_product_drops_the_fp32_copies_of_the_inputs(ti
     x A_rᵀ in fp16 and no longer casts every projection's input to fp32 (two LoRA-FA projections a layer: fewer
     dtype copies per step); its losses and g stay within a small gap of the fp32 product's, far inside the gap
     between two other seeds' steps. Over an fp32 base the option changes nothing, bit for bit."""
-    plain32, _ = lowp_step(tiny_factory(), False)
-    low32, _ = lowp_step(tiny_factory(), True)
+    plain32, _ = pack_step(tiny_factory())
+    low32, _ = pack_step(tiny_factory(), lowp_lora=True)
     assert plain32 == low32
-    plain, plain_ops = lowp_step(tiny_factory().half(), False)
-    low, low_ops = lowp_step(tiny_factory().half(), True)
-    other, _ = lowp_step(tiny_factory().half(), False, seed_offset=10)
+    plain, plain_ops = pack_step(tiny_factory().half())
+    low, low_ops = pack_step(tiny_factory().half(), lowp_lora=True)
+    other, _ = pack_step(tiny_factory().half(), seed_offset=10)
     layers = 2 * len(DEFAULT_TARGETS)                       # the tiny model's two layers, each target wrapped
     assert low_ops["aten._to_copy"] <= plain_ops["aten._to_copy"] - layers
     for r in range(3):
@@ -612,5 +599,4 @@ def test_a_low_precision_low_rank_product_drops_the_fp32_copies_of_the_inputs(ti
         print(f"run {r}: g gap {gap:.2e} with the fp16 product, {seeds_apart:.2e} to another seed's step")
         assert gap < 0.05 * seeds_apart and abs(low[r]["loss"] - plain[r]["loss"]) < 1e-2 * abs(plain[r]["loss"])
     with pytest.raises(ValueError, match="lowp_lora changes the fused step's low-rank product: it needs fused"):
-        build_pack(tiny_factory(), [{"targets": DEFAULT_TARGETS, "r": 4, "alpha": 8, "noise": "counter", "q": 2,
-                                     "eps": 1e-2, "lr": 1e-2, "seed": 0, "keep_noise": True}], 0, lowp_lora=True)
+        build_pack(tiny_factory(), [run_settings(0)], 0, lowp_lora=True)

@@ -383,8 +383,7 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                     raise
                 except Exception as err:
                     release_memory()
-                    records[config] = {"config": config, "error": f"{type(err).__name__}: "
-                                                                   f"{str(err).splitlines()[0] if str(err) else ''}"}
+                    records[config] = {"config": config, "error": error_line(err)}
                     progress(f"{task} {config}: failed ({records[config]['error']})")
                     continue
             elif spec is not None:
@@ -397,7 +396,7 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                 except Exception as err:          # a capture that fails: measured without graphs, and said so
                     release_memory()
                     record = measure(config, make_model, source_for, dtype, q, E, buckets, steps, warmup, 1, False)
-                    record["graphs_error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                    record["graphs_error"] = error_line(err)
             else:
                 record = run(config)
             record["mfu"] = None if peak is None else record["flops_s"] / peak
@@ -406,6 +405,11 @@ def engine_bench(make_model: Callable[[str], tuple], configs: Sequence[str], tas
                      + ("" if record["mfu"] is None else f", MFU {100 * record['mfu']:.2f}%"))
         out["tasks"][task] = {"configs": records, "ratios": engine_ratios(records)}
     return out
+
+
+def error_line(err: Exception) -> str:
+    """An exception as its type and the first line of its message, for a record."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def engine_ratios(records: dict) -> dict:
