@@ -33,10 +33,11 @@ class FakeMachine:
 def test_the_stages_in_priority_order(tmp_path):
     check, *stages = sitting.sitting_stages(tmp_path)
     assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
-    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "engine-groups", "grids-fp16",
-                                        "paired-fp32-fp16", "paired-fp32-fp16-more", "table1-paper-zo-sst2",
-                                        "table1-paper-zo-rte", "fig1-paper", "table1-paper-packed"]
-    zo_sst2, zo_rte = stages.pop(6), stages.pop(6)           # Table 1's ZO LoRA-FA rows of a task, resumable
+    assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "engine-groups", "table13-fp16",
+                                        "grids-fp16", "paired-fp32-fp16", "paired-fp32-fp16-more",
+                                        "table1-paper-zo-sst2", "table1-paper-zo-rte", "fig1-paper",
+                                        "table1-paper-packed"]
+    zo_sst2, zo_rte = stages.pop(7), stages.pop(7)           # Table 1's ZO LoRA-FA rows of a task, resumable
     for zo, task in ((zo_sst2, "sst2"), (zo_rte, "rte")):
         command, = zo.commands
         assert zo.resumable and command[command.index("--only") + 1] == f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge"
@@ -49,6 +50,15 @@ def test_the_stages_in_priority_order(tmp_path):
     assert groups_bench[groups_bench.index("--eval-examples") + 1] == "64"     # 16 runs' evaluations, kept short
     assert groups_bench[groups_bench.index("--buckets") + 1] == sitting.GROUP_BUCKETS and "sst2,rte" in groups_bench
     assert "--profile" in groups_bench                       # and where each configuration's step spends its time
+    # Gao et al.'s standard benchmark: MeZO (LoRA-FA) against the inner loop at q 1, one command per (L, B)
+    table13 = stages.pop(2).commands
+    assert [(c[c.index("--seq-len") + 1], c[c.index("--E") + 1]) for c in table13] == [
+        (L, B) for L in ("64", "128", "256") for B in ("1", "8", "16")]
+    assert all(c[:3] == ("bench", "--method", "mezo-lorafa,prge-inner") and c[c.index("--q") + 1] == "1"
+               and ("--dtype", "fp16", "--quant", "none") == c[c.index("--dtype"):c.index("--dtype") + 4]
+               and "--no-peaks" in c and "cuda" in c for c in table13)
+    assert len({c[c.index("--out") + 1] for c in table13}) == 9 and "table13/fp16_L64_B1.json" in table13[0][
+        table13[0].index("--out") + 1]
     more = stages.pop(4).commands                            # two more seeds of the paired runs
     assert [(c[c.index("--seed") + 1], c[c.index("--dtype") + 1]) for c in more] == [
         ("1", "fp32"), ("1", "fp16"), ("2", "fp32"), ("2", "fp16")]
@@ -73,23 +83,31 @@ def test_the_stages_in_priority_order(tmp_path):
     assert all(("--quant", "nf4") == c[c.index("--quant"):c.index("--quant") + 2] and "fp16" in c
                and c[c.index("--steps") + 1] == "90" and c[c.index("--eval-every") + 1] == "30" for c in jetson)
     assert list(quantized).index("jetson-nf4") == list(quantized).index("table1-paper-zo-sst2") - 1
+    # and the standard benchmark over NF4 and INT8 weights (Fig. 6), before the Jetson path
+    for quant in ("nf4", "int8"):
+        stage = quantized[f"table13-{quant}"]
+        assert list(quantized).index(stage.name) < list(quantized).index("jetson-nf4")
+        assert all(c[c.index("--quant") + 1] == quant and f"table13/{quant}_L" in c[c.index("--out") + 1]
+                   for c in stage.commands) and len(stage.commands) == 9
+    assert "table13-nf4" not in {s.name for s in sitting.sitting_stages(tmp_path)}
 
 
 def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     stages = sitting.sitting_stages(tmp_path)
-    lines = sitting.plan_lines(stages, tmp_path, time_limit=22)
+    lines = sitting.plan_lines(stages, tmp_path, time_limit=26)
     assert lines[0].startswith("1. gpu-check") and "about 1.5 min; runs" in lines[0]
     assert lines[2].startswith("2. engine-bench-sst2") and "about 2.5 min; runs" in lines[2]
     assert any("4. engine-groups" in line and "about 8 min; runs" in line for line in lines)
-    # 1.5 + 2.5 + 4.5 + 8 = 16.5 of 22 minutes: the grid (resumable) gets the 5.5 left
-    assert any("5. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
-    assert any("6. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 936 min in all; time limit 22 min"
+    assert any("5. table13-fp16" in line and "about 4 min; runs" in line for line in lines)
+    # 1.5 + 2.5 + 4.5 + 8 + 4 = 20.5 of 26 minutes: the grid (resumable) gets the 5.5 left
+    assert any("6. grids-fp16" in line and "runs for up to 6 min, then resumes next time" in line for line in lines)
+    assert any("7. paired-fp32-fp16" in line and "left for a later sitting" in line for line in lines)
+    assert lines[-1] == "still to run: about 940 min in all; time limit 26 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
     stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50)
-              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups")][:3]
+              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16")][:3]
     machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
     entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
@@ -105,7 +123,8 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
 
 
 def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
-    stages = [s for s in sitting.sitting_stages(tmp_path) if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups")][:3]
+    stages = [s for s in sitting.sitting_stages(tmp_path)
+              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16")][:3]
     machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
     entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]

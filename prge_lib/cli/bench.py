@@ -30,7 +30,7 @@ def run_bench(args) -> int:
     start = time.perf_counter()
     spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
     result = bench(spec, names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
-                   task=args.task, progress=lambda line: print(line, file=sys.stderr))
+                   task=args.task, peaks=not args.no_peaks, progress=lambda line: print(line, file=sys.stderr))
     result.update({"kind": "bench", "methods": names, "E": args.E, "q": list(qs), "seq_len": args.seq_len,
                    "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
                    else "synthetic, full length, no padding",
@@ -152,6 +152,9 @@ def bench_options(be) -> None:
                                                  "--configs: tasks, comma-separated)")
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--warmup", type=int, default=1)
+    be.add_argument("--no-peaks", action="store_true",
+                    help="--method: step times only, without the peak memory of each configuration (measured in a "
+                         "fresh process per configuration, the slower part of a short benchmark)")
     add_model_options(be)
     be.add_argument("--out", required=True, help="where to write the JSON result")
     be.set_defaults(run=run_bench)

@@ -47,6 +47,15 @@ TABLE12_MINUTES = {
 # Gao et al. (arXiv version) Table 8, Table 12 in the ACL version: P-RGE outer loop only, Llama2-7B, seconds per
 # step at E = q · B = 16, per sequence length and q (1, 4, 16).
 TABLE8_SECONDS = {"qs": (1, 4, 16), 64: (0.18, 0.20, 0.19), 128: (0.35, 0.37, 0.32), 256: (0.69, 0.67, 0.71)}
+# Gao et al.'s standard benchmark (§4.2, Fig. 5; Table 13 of the ACL version): seconds per step of Llama2-7B on
+# full-length synthetic rows, per sequence length and batch size B, for MeZO (LoRA-FA) (q = 1, the two forwards
+# one after the other) and P-RGE with the inner loop only (q = 1, both in one forward of 2B rows); fp16, one A100.
+TABLE13_SECONDS = {"seq_lens": (64, 128, 256), "batch_sizes": (1, 8, 16),
+                   "mezo-lorafa": {64: (0.07, 0.11, 0.18), 128: (0.07, 0.19, 0.35), 256: (0.07, 0.35, 0.69)},
+                   "prge-inner": {64: (0.04, 0.10, 0.18), 128: (0.04, 0.18, 0.34), 256: (0.06, 0.34, 0.67)}}
+# the largest inner-loop speed-ups the text states: fp16 (Fig. 5 and Table 13, Llama2-7B, L 64, B 1) and NF4
+# weights (Fig. 6, "over the sequential execution of two forward passes")
+INNER_MAX_SPEEDUP = {"fp16": 1.79, "nf4": 1.97}
 # Gao et al. Table 7: ZO-SGD on OPT-1.3B, SST-2, 10k steps, accuracy (%) per parameter space.
 TABLE7 = {"mezo-lora": 90.9, "mezo-lora-fa": 92.0, "mezo-dora": 90.9, "mezo-vera": 91.4}
 

@@ -43,7 +43,8 @@ from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, 
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.stats import compare_rows, compare_scores, describe
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
-                                            lr_note, majority_rate, runs_of, summarize, summary_markdown, table_of,
+                                            lr_note, majority_rate, memory_beyond, paper_memory_beyond, runs_of,
+                                            runtime_answers, summarize, summary_markdown, table_of,
                                             training_seconds, write_summary)
 
 __all__ = [
@@ -64,5 +65,6 @@ __all__ = [
     "cell_status", "list_cells", "price_cells",
     "compare_rows", "compare_scores", "describe",
     "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
-    "runs_of", "summarize", "summary_markdown", "table_of", "training_seconds", "write_summary",
+    "memory_beyond", "paper_memory_beyond", "runs_of", "runtime_answers", "summarize", "summary_markdown",
+    "table_of", "training_seconds", "write_summary",
 ]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from prge_lib.experiments import paper
 from prge_lib.models.buckets import FINE_BUCKETS
 from prge_lib.training.records import upgrade_record
 
@@ -68,12 +69,14 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                    more_paired_seeds: Sequence[int] = (1, 2), checkpoints: str = CHECKPOINTS) -> list[Stage]:
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
     RTE), 2. packs in width groups against one forward (their graph check, then the benchmark with fine
-    buckets), 3. the runtime and memory grids in fp16 (INT8/NF4 rows only with ``quantized``), 4. the
-    fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then ``more_paired_seeds``: three seeds before a claim),
-    5. (with ``quantized``) the Jetson path, P-RGE q 4 and 16 over an NF4 base in fp16 for ``jetson_steps``
-    steps, 6. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows of SST-2, then
-    RTE: the paper's claim, before MeZO (Full)'s long solo cells), 7. MeBP's Fig. 1 (WikiText-2 curves) at the
-    paper profile, 8. the rest of Table 1's paper-profile cells in packs.
+    buckets), 3. Gao et al.'s standard benchmark of the inner loop in fp16 (MeZO (LoRA-FA) against P-RGE's inner
+    loop at q 1, L 64/128/256 × B 1/8/16: where their 1.79× was measured), 4. the runtime and memory grids in
+    fp16 (INT8/NF4 rows only with ``quantized``), 5. the fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then
+    ``more_paired_seeds``: three seeds before a claim), 6. (with ``quantized``) the standard benchmark over NF4 and
+    INT8 weights (Fig. 6: 1.97× with NF4), then the Jetson path, P-RGE q 4 and 16 over an NF4 base in fp16 for
+    ``jetson_steps`` steps, 7. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows
+    of SST-2, then RTE: the paper's claim, before MeZO (Full)'s long solo cells), 8. MeBP's Fig. 1 (WikiText-2
+    curves) at the paper profile, 9. the rest of Table 1's paper-profile cells in packs.
     Result files go under ``out``; the paper-profile cells keep their checkpoints under ``checkpoints`` (seed
     checkpoints, :data:`SEED_CHECKPOINTS`: small enough to carry to the next sitting's machine)."""
     out = Path(out)
@@ -109,6 +112,21 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                "--task", "sst2,rte", "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS,
                "--repeats", "10", "--warmup", "3", "--profile", "--eval-examples", "64",
                "--out", str(out / "engine_groups.json"), *common))
+    def table13(quant: str) -> tuple[tuple[str, ...], ...]:
+        # Gao et al.'s standard benchmark (Fig. 5 and 6; Table 13 of the ACL version), one command per shape:
+        # MeZO (LoRA-FA) against the inner loop at q 1 on full-length synthetic rows, fp16 compute, step times only
+        return tuple(("bench", "--method", "mezo-lorafa,prge-inner", "--q", "1", "--E", str(rows), "--seq-len",
+                      str(length), "--dtype", "fp16", "--quant", quant, "--repeats", "5", "--no-peaks",
+                      "--out", str(out / "table13" / f"{'fp16' if quant == 'none' else quant}_L{length}_B{rows}.json"),
+                      *common)
+                     for length in paper.TABLE13_SECONDS["seq_lens"] for rows in paper.TABLE13_SECONDS["batch_sizes"])
+
+    def table13_stage(quant: str, minutes: float) -> Stage:
+        weights = "fp16" if quant == "none" else f"{quant.upper()} weights, fp16 compute"
+        return Stage(f"table13-{'fp16' if quant == 'none' else quant}", f"Gao et al.'s standard benchmark (Fig. "
+                     f"{5 if quant == 'none' else 6}, ACL Table 13): MeZO (LoRA-FA) against the inner loop, q 1, L "
+                     f"64/128/256 × B 1/8/16, {weights}", minutes, table13(quant))
+
     kept = ("--checkpoint-root", str(checkpoints))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *kept,
                *common),)
@@ -133,10 +151,12 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, with the fp16 low-rank product, "
                   "compiled, SST-2 and RTE, each step profiled (the pack, group-graph and seed-replay checks first); "
                   "16 runs' evaluations alone and together", 8.0, groups),
+            table13_stage("none", 4.0),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
             paired_stage("paired-fp32-fp16", paired_seeds),
             *([paired_stage("paired-fp32-fp16-more", more_paired_seeds, graphs=True)] if more_paired_seeds else []),
+            *([table13_stage("nf4", 5.0), table13_stage("int8", 5.0)] if quantized else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
             *(Stage(f"table1-paper-zo-{task}", f"Table 1, paper profile, {title}: zero-shot, MeZO (LoRA-FA) and "

@@ -43,6 +43,36 @@ def load_results(grid: str, results: Path = RESULTS, profile: str = "cpu") -> li
     return out
 
 
+def runtime_answers(result: dict) -> dict[str, float]:
+    """What one cell of the ``runtime`` grid answers (chapter 7; Gao et al. Table 8 and Fig. 5): how much the
+    P-RGE step grows from q 1 to q 16 at fixed E (%, flat would be 0), the outer loop alone ÷ both loops at q 4
+    (above 1: the inner loop saves time), MeZO (Full) ÷ P-RGE at q 4 (NaN where the cell has no MeZO (Full):
+    quantized weights), and one LoRA-FA forward of 2E rows ÷ two of E rows (the inner loop's bet)."""
+    configs, E = result["configs"], result["config"]["E"]
+    return {"P-RGE spread over q (%)": 100 * result["ratios"]["prge_spread_over_q"],
+            "outer only ÷ both, q 4": (configs["prge-outer@q4"]["step_s"]["median"]
+                                       / configs["prge@q4"]["step_s"]["median"]),
+            "MeZO (Full) ÷ P-RGE q 4": result["ratios"].get("mezo_over_prge@q4", math.nan),
+            "one forward of 2E rows ÷ two of E": (result["floor"][f"lorafa_forward_{2 * E}_rows_s"]
+                                                  / (2 * result["floor"][f"lorafa_forward_{E}_rows_s"]))}
+
+
+BEYOND = ("fo", "fo-lorafa", "prge")     # the methods whose memory beyond MeZO (LoRA-FA) chapter 7 compares
+
+
+def memory_beyond(configs: dict) -> dict[str, float]:
+    """What FO (Full), FO (LoRA-FA) and P-RGE (q 4, both loops) need beyond MeZO (LoRA-FA) in one cell of the
+    ``memory`` grid, MiB: what compares with Gao et al.'s totals, which include the weights (chapter 7)."""
+    return {k: configs[k]["peak_mib"] - configs["mezo-lorafa"]["peak_mib"] for k in BEYOND}
+
+
+def paper_memory_beyond(seq_len: int, batch_size: int = 16) -> dict[str, float]:
+    """The same from Gao et al.'s memory table (ACL version Table 3, TinyLlama-1.1B, GB), in MiB."""
+    table = paper.TABLE3_MEMORY_GB
+    col = table["batch_sizes"].index(batch_size)
+    return {k: 1024 * (table[k][seq_len][col] - table["mezo-lorafa"][seq_len][col]) for k in BEYOND}
+
+
 def _row_of(result: dict) -> str:
     """The row key a result belongs to: from its cell block, or from its file name (runs made by
     ``prge train`` into the grid's folder carry no cell block)."""

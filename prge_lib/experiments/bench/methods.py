@@ -129,7 +129,7 @@ def configurations(names: Sequence[str], qs: Sequence[int]) -> list[tuple[str, t
 
 def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
           seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
-          task: str | None = None, progress: Callable[[str], None] = print) -> dict:
+          task: str | None = None, peaks: bool = True, progress: Callable[[str], None] = print) -> dict:
     """Benchmark ``names`` (keys of CONFIGS), each on a fresh model loaded with ``load_model(**model)``.
 
     P-RGE configurations run once per q in ``qs`` (keys "prge@q4" when several q are given); inference,
@@ -138,7 +138,8 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     configuration afresh, warms it up and times one step, so a machine whose speed drifts during the run
     biases no configuration against another; the median over rounds is reported. Peak memory is measured
     afterwards, one fresh process per configuration (:func:`peak_in_subprocess`): inside one long process
-    the allocator reuses memory freed by earlier configurations and hides later peaks.
+    the allocator reuses memory freed by earlier configurations and hides later peaks. Without ``peaks`` each
+    configuration's ``peak_mib`` is None (step times only).
     With ``task`` the batches are real training batches.
     """
 
@@ -176,7 +177,7 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     for key, spec in runs:
         if spec is None:
             continue
-        peak = peak_in_subprocess(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr)
+        peak = peak_in_subprocess(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr) if peaks else None
         results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
                         "forwards_per_step": shape[key][1], "step_s": step_times(times[key]),
                         "peak_mib": peak}

@@ -1,0 +1,97 @@
+"""Reading what the GPU sittings committed (prge_lib.experiments.gpu_results) and the figures chapters 6, 7 and 10
+derive from it, on sitting folders built here from real result files: the later sitting's file wins, every figure
+names its device, the standard benchmark's speed-up is its two medians' ratio, and nothing else passes for one."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from prge_lib.cli.main import main
+from prge_lib.experiments import gpu_results, paper
+from prge_lib.experiments import reproduce as rp
+
+RESULTS = Path(__file__).resolve().parent.parent / "data" / "results"
+RUNTIME = RESULTS / "runtime" / "synthetic"
+
+
+def place(source: Path, sitting: Path, relative: str, device: str | None = None, scale: float = 1.0) -> Path:
+    """Copy a committed result file into a sitting folder; with ``device``, as if that GPU had run it, and its
+    P-RGE q 4 median scaled by ``scale`` (so that two sittings' copies can be told apart)."""
+    data = json.loads(source.read_text())
+    if device:
+        data["provenance"]["hardware"]["cuda"] = device
+    if "prge@q4" in data.get("configs", {}):
+        data["configs"]["prge@q4"]["median_s"] *= scale
+    target = sitting / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(data))
+    return target
+
+
+def test_the_latest_sitting_wins_and_each_result_names_its_device(tmp_path):
+    cell = "results/runtime/synthetic/bench-none-L64_seed0.json"
+    place(RUNTIME / "bench-none-L64_seed0.json", tmp_path / "1", cell, "NVIDIA H100 80GB HBM3")
+    place(RUNTIME / "bench-none-L64_seed0.json", tmp_path / "10", cell, "NVIDIA H200", scale=0.5)
+    place(RUNTIME / "bench-nf4-L64_seed0.json", tmp_path / "2", "results/runtime/synthetic/bench-nf4-L64_seed0.json",
+          "NVIDIA H200")
+    place(RUNTIME / "bench-none-L128_seed0.json", tmp_path / "notes", cell)      # not a sitting: not read
+    assert [p.name for p in gpu_results.sitting_folders(tmp_path)] == ["1", "2", "10"]   # in the order they ran
+    found = {r["config"]["quant"]: r for r in gpu_results.sitting_results("runtime", tmp_path)}
+    assert set(found) == {"none", "nf4"}
+    assert found["none"]["_sitting"] == "10" and gpu_results.device_name(found["none"]) == "NVIDIA H200"
+    assert found["nf4"]["_sitting"] == "2"
+    # the answers are the file's own numbers: the later sitting's halved P-RGE step doubles outer ÷ both
+    committed = rp.runtime_answers(rp.load_results("runtime")[[r["_file"] for r in rp.load_results("runtime")]
+                                                                .index("synthetic/bench-none-L64_seed0.json")])
+    answers = rp.runtime_answers(found["none"])
+    assert answers["outer only ÷ both, q 4"] == pytest.approx(2 * committed["outer only ÷ both, q 4"])
+    assert answers["P-RGE spread over q (%)"] == committed["P-RGE spread over q (%)"]
+    assert math.isnan(rp.runtime_answers(found["nf4"])["MeZO (Full) ÷ P-RGE q 4"])     # no MeZO (Full) on NF4
+    assert gpu_results.sitting_results("runtime", tmp_path / "nowhere") == []
+    assert gpu_results.sitting_results("memory", tmp_path) == []
+
+
+def test_a_cpu_result_names_its_cpu():
+    result = json.loads((RUNTIME / "bench-none-L64_seed0.json").read_text())
+    assert gpu_results.device_name(result).startswith("CPU (")
+
+
+def test_the_standard_benchmark_speedup_is_the_ratio_of_its_medians(tiny_folder, tmp_path):
+    out = tmp_path / "3" / "table13" / "fp32_L8_B2.json"
+    assert main(["bench", "--method", "mezo-lorafa,prge-inner", "--model", str(tiny_folder), "--q", "1", "--E", "2",
+                 "--seq-len", "8", "--repeats", "2", "--no-peaks", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert all(c["peak_mib"] is None for c in written["configs"].values())     # --no-peaks: step times only
+    # a summary beside the results is no result file, and a pattern keeps it out
+    (tmp_path / "3" / "table13" / "notes.txt").write_text("not json")
+    row, = gpu_results.inner_speedups(gpu_results.sitting_files("table13", tmp_path))
+    configs = written["configs"]
+    assert row["speedup"] == configs["mezo-lorafa"]["step_s"]["median"] / configs["prge-inner"]["step_s"]["median"]
+    assert (row["weights"], row["L"], row["B"], row["sitting"]) == ("fp32", 8, 2, "3")
+    assert row["device"].startswith("CPU (")
+    # a benchmark of other configurations cannot pass for the standard one
+    other = tmp_path / "4" / "table13" / "fp32_L8_B4.json"
+    assert main(["bench", "--method", "prge-outer", "--model", str(tiny_folder), "--q", "1", "--E", "2",
+                 "--seq-len", "8", "--repeats", "1", "--no-peaks", "--out", str(other)]) == 0
+    with pytest.raises(ValueError, match=r"fp32_L8_B4.json: not a standard-benchmark file .*'mezo-lorafa'"):
+        gpu_results.inner_speedups(gpu_results.sitting_files("table13", tmp_path))
+
+
+def test_the_paper_table13_and_its_stated_maximum_agree():
+    t13 = paper.TABLE13_SECONDS
+    gains = {(L, B): t13["mezo-lorafa"][L][i] / t13["prge-inner"][L][i]
+             for L in t13["seq_lens"] for i, B in enumerate(t13["batch_sizes"])}
+    best = max(gains, key=gains.get)
+    # the text's 1.79x is at L 64, B 1; the table's two-decimal times give 0.07 / 0.04 there
+    assert best[1] == 1 and gains[64, 1] == pytest.approx(1.75) and paper.INNER_MAX_SPEEDUP["fp16"] == 1.79
+    assert max(v for (L, B), v in gains.items() if B > 1) < 1.15
+
+
+def test_memory_beyond_mezo_lorafa_ours_and_the_papers():
+    memory = {r["config"]["seq_len"]: r["configs"] for r in rp.load_results("memory")}
+    ours = rp.memory_beyond(memory[256])
+    assert ours["prge"] == memory[256]["prge"]["peak_mib"] - memory[256]["mezo-lorafa"]["peak_mib"]
+    theirs = rp.paper_memory_beyond(256)
+    assert theirs["fo-lorafa"] == pytest.approx(1024 * (11.58 - 3.05))     # ACL Table 3, L 256, B 16
+    assert rp.paper_memory_beyond(64, batch_size=1)["prge"] == pytest.approx(1024 * (2.11 - 2.09))
