@@ -95,3 +95,23 @@ def test_memory_beyond_mezo_lorafa_ours_and_the_papers():
     theirs = rp.paper_memory_beyond(256)
     assert theirs["fo-lorafa"] == pytest.approx(1024 * (11.58 - 3.05))     # ACL Table 3, L 256, B 16
     assert rp.paper_memory_beyond(64, batch_size=1)["prge"] == pytest.approx(1024 * (2.11 - 2.09))
+
+
+def test_a_gpu_benchmark_meters_each_peak_in_its_own_process_and_a_cpu_one_in_a_fresh_one(monkeypatch):
+    """The CUDA allocator's peak counts live tensors only, so a GPU's configurations are metered in the
+    benchmark's process (no start, imports and CUDA context per configuration); a CPU's resident set would carry
+    freed memory over, so each is metered in a fresh process."""
+    from prge_lib.experiments.bench import methods
+
+    calls = []
+    monkeypatch.setattr(methods, "_measure_peak", lambda job: calls.append(("here", job)) or 7.0)
+    monkeypatch.setattr(methods, "in_fresh_process",
+                        lambda module, job, what, live_memory=False: calls.append(("fresh", job)) or {"peak_mib": 9.0})
+    args = ("prge", 16, 4, 64, 1, None, 1e-2, 1e-9)
+    assert methods.step_peak({"device": "cuda", "dtype": "fp16"}, *args) == 7.0
+    assert methods.step_peak({"device": "cuda:1"}, *args) == 7.0
+    assert methods.step_peak({"device": "cpu"}, *args) == 9.0 and methods.step_peak({}, *args) == 9.0
+    assert [where for where, _ in calls] == ["here", "here", "fresh", "fresh"]
+    assert calls[0][1] == {"model": {"device": "cuda", "dtype": "fp16"}, "name": "prge", "E": 16, "q": 4,
+                           "seq_len": 64, "warmup": 1, "task": None, "eps": 1e-2, "lr": 1e-9}
+    assert calls[0][1] == {**calls[2][1], "model": calls[0][1]["model"]}      # the same job either way

@@ -5,7 +5,7 @@ toolkit of :mod:`prge_lib.common.measure`.
 Each configuration gets a freshly loaded model. Timing: the median over ``repeats`` rounds, each timing one
 step after ``warmup`` steps (rounds interleave the configurations). Memory: the peak above the memory held
 once the loaded model has run one tiny forward (which pages memory-mapped weights in), one fresh process per
-configuration. Ratios between configurations are meaningful only within one run on one otherwise idle machine.
+configuration on a CPU, in this process on a GPU (:func:`step_peak`). Ratios between configurations are meaningful only within one run on one otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -137,9 +137,8 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     (see :func:`_floor`) is measured alongside. The work runs in ``repeats`` rounds; each round loads every
     configuration afresh, warms it up and times one step, so a machine whose speed drifts during the run
     biases no configuration against another; the median over rounds is reported. Peak memory is measured
-    afterwards, one fresh process per configuration (:func:`peak_in_subprocess`): inside one long process
-    the allocator reuses memory freed by earlier configurations and hides later peaks. Without ``peaks`` each
-    configuration's ``peak_mib`` is None (step times only).
+    afterwards, per configuration (:func:`step_peak`). Without ``peaks`` each configuration's ``peak_mib`` is
+    None (step times only).
     With ``task`` the batches are real training batches.
     """
 
@@ -177,7 +176,7 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     for key, spec in runs:
         if spec is None:
             continue
-        peak = peak_in_subprocess(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr) if peaks else None
+        peak = step_peak(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr) if peaks else None
         results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
                         "forwards_per_step": shape[key][1], "step_s": step_times(times[key]),
                         "peak_mib": peak}
@@ -185,6 +184,20 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
         progress(f"{key}: {results[key]['step_s']['median']:.3f} s/step" +
                  ("" if peak is None else f", peak {peak:+.0f} MiB above the loaded model"))
     return {"floor": floor, "floor_rounds": floors, "configs": results, "ratios": ratios(floor, results, E)}
+
+
+def step_peak(model: dict, name: str, E: int, q: int, seq_len: int, warmup: int, task: str | None, eps: float,
+              lr: float) -> float | None:
+    """Peak memory (MiB above the loaded model) of ``warmup`` + 1 steps of ``name``. On a CPU in a fresh process
+    (:func:`peak_in_subprocess`): within one long process the heap keeps memory freed by earlier configurations
+    resident and hides later peaks. On a GPU in this process: the CUDA allocator's peak, reset at the start,
+    counts the bytes of live tensors only, whatever the allocator keeps cached, and a fresh process would cost
+    a start, imports and a CUDA context per configuration."""
+    if str(model.get("device") or "cpu").startswith("cuda"):
+        release_memory()
+        return _measure_peak({"model": model, "name": name, "E": E, "q": q, "seq_len": seq_len, "warmup": warmup,
+                              "task": task, "eps": eps, "lr": lr})
+    return peak_in_subprocess(model, name, E, q, seq_len, warmup, task, eps, lr)
 
 
 def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, warmup: int,
