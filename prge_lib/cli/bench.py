@@ -153,8 +153,8 @@ def bench_options(be) -> None:
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--warmup", type=int, default=1)
     be.add_argument("--no-peaks", action="store_true",
-                    help="--method: step times only, without the peak memory of each configuration (measured in a "
-                         "fresh process per configuration, the slower part of a short benchmark)")
+                    help="--method: step times only, without the peak memory of each configuration (on a CPU "
+                         "metered in a fresh process per configuration, the slower part of a short benchmark)")
     add_model_options(be)
     be.add_argument("--out", required=True, help="where to write the JSON result")
     be.set_defaults(run=run_bench)

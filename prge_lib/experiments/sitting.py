@@ -112,6 +112,7 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                "--task", "sst2,rte", "--dtype", "fp16", "--seq-len", "256", "--buckets", GROUP_BUCKETS,
                "--repeats", "10", "--warmup", "3", "--profile", "--eval-examples", "64",
                "--out", str(out / "engine_groups.json"), *common))
+
     def table13(quant: str) -> tuple[tuple[str, ...], ...]:
         # Gao et al.'s standard benchmark (Fig. 5 and 6; Table 13 of the ACL version), one command per shape:
         # MeZO (LoRA-FA) against the inner loop at q 1 on full-length synthetic rows, fp16 compute, step times only

@@ -5,7 +5,8 @@ toolkit of :mod:`prge_lib.common.measure`.
 Each configuration gets a freshly loaded model. Timing: the median over ``repeats`` rounds, each timing one
 step after ``warmup`` steps (rounds interleave the configurations). Memory: the peak above the memory held
 once the loaded model has run one tiny forward (which pages memory-mapped weights in), one fresh process per
-configuration on a CPU, in this process on a GPU (:func:`step_peak`). Ratios between configurations are meaningful only within one run on one otherwise idle machine.
+configuration on a CPU, in this process on a GPU (:func:`step_peak`). Ratios between configurations are
+meaningful only within one run on one otherwise idle machine.
 """
 from __future__ import annotations
 
