@@ -336,6 +336,13 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
     text = md_path.read_text()
     assert "| MeZO (Full) | did not train (1) |" in text and "| P-RGE (q = 4) | 0.62 (paper 0.87) |" in text
     assert "- MeZO (Full): lr 1e-6 (one rate tried)" in text
+    # where FO LoRA-FA itself never left zero-shot there is no gain to share: no ratio, no share table
+    (folder / "fo-lorafa_lr3e-4_seed0.json").write_text(json.dumps(result("fo-lorafa", "fo-lorafa", 3e-4, 0, 0.5,
+                                                                          0.51, 0.40)))
+    records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
+    assert records["fo-lorafa"]["trained"] is False and records["prge-q4-E16"]["fo_gain_share"] is None
+    _, md_path = rp.write_summary("table1", tmp_path)
+    assert "Share of first-order LoRA-FA's gain" not in md_path.read_text()
 
 
 def test_device_runs_the_same_cell():

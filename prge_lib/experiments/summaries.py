@@ -158,12 +158,15 @@ def _gain_share(value: float | None, zero_shot: float | None, fo: float | None) 
 
 def _add_gain_shares(records: list[dict]) -> None:
     """``fo_gain_share`` and ``paper_fo_gain_share`` of each ZO record whose task has zero-shot and FO LoRA-FA
-    records (the paper's from Gao et al. Table 1, arXiv version, for Table 1's rows)."""
+    records (the paper's from Gao et al. Table 1, arXiv version, for Table 1's rows). None where FO LoRA-FA did not
+    train on the task: there is no gain to take a share of."""
     cell = table_of(records)
     for r in records:
         r["fo_gain_share"] = r["paper_fo_gain_share"] = None
         zs, fo = cell.get((r["task"], "zeroshot")), cell.get((r["task"], "fo-lorafa"))
         if r["method"] == "zeroshot" or registry.get(r["method"]).family != "zo" or not (zs and fo):
+            continue
+        if fo.get("trained") is False:
             continue
         r["fo_gain_share"] = _gain_share(r["test_mean"], zs["test_mean"], fo["test_mean"])
         published = {k: paper.TABLE1.get(k, {}).get(r["task"]) for k in (r["row"], "zeroshot", "fo-lorafa")}
