@@ -42,8 +42,8 @@ def test_the_latest_sitting_wins_and_each_result_names_its_device(tmp_path):
     assert found["none"]["_sitting"] == "10" and gpu_results.device_name(found["none"]) == "NVIDIA H200"
     assert found["nf4"]["_sitting"] == "2"
     # the answers are the file's own numbers: the later sitting's halved P-RGE step doubles outer ÷ both
-    committed = rp.runtime_answers(rp.load_results("runtime")[[r["_file"] for r in rp.load_results("runtime")]
-                                                                .index("synthetic/bench-none-L64_seed0.json")])
+    committed = rp.runtime_answers(next(r for r in rp.load_results("runtime")
+                                        if r["_file"] == "synthetic/bench-none-L64_seed0.json"))
     answers = rp.runtime_answers(found["none"])
     assert answers["outer only ÷ both, q 4"] == pytest.approx(2 * committed["outer only ÷ both, q 4"])
     assert answers["P-RGE spread over q (%)"] == committed["P-RGE spread over q (%)"]

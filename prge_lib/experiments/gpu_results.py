@@ -29,29 +29,30 @@ def sitting_folders(root: Path = SITTINGS) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
+def _latest(root: Path, read) -> list[dict]:
+    """``read(sitting folder)`` gives (key, result) pairs; the latest sitting's result for each key, in key order,
+    each with ``_sitting``, the folder's name."""
+    latest = {}
+    for sitting in sitting_folders(root):
+        for key, result in read(sitting):
+            result["_sitting"] = sitting.name
+            latest[key] = result
+    return [latest[key] for key in sorted(latest)]
+
+
 def sitting_results(grid: str, root: Path = SITTINGS) -> list[dict]:
     """Every cell of ``grid`` a sitting ran (read and checked as :func:`~prge_lib.experiments.summaries.load_results`
     reads the CPU's), the latest sitting's file where several ran the same cell, in file order; each with
     ``_sitting``, the folder's name."""
-    latest = {}
-    for folder in sitting_folders(root):
-        for result in load_results(grid, folder / "results"):
-            result["_sitting"] = folder.name
-            latest[result["_file"]] = result
-    return [latest[name] for name in sorted(latest)]
+    return _latest(root, lambda sitting: ((r["_file"], r) for r in load_results(grid, sitting / "results")))
 
 
 def sitting_files(folder: str, root: Path = SITTINGS, pattern: str = "*.json") -> list[dict]:
     """The result files matching ``pattern`` in ``<sitting>/<folder>/`` of every sitting (read and checked,
     :func:`~prge_lib.experiments.results.read_result`), the latest sitting's where two hold the same name, in name
     order; each with ``_sitting`` and ``_file`` (its name)."""
-    latest = {}
-    for sitting in sitting_folders(root):
-        for path in sorted((sitting / folder).glob(pattern)):
-            result = read_result(path)
-            result["_sitting"], result["_file"] = sitting.name, path.name
-            latest[path.name] = result
-    return [latest[name] for name in sorted(latest)]
+    return _latest(root, lambda sitting: ((path.name, {**read_result(path), "_file": path.name})
+                                          for path in sorted((sitting / folder).glob(pattern))))
 
 
 def device_name(result: dict) -> str:
