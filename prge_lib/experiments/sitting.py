@@ -68,15 +68,19 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                    device: str = "cuda", model: str | None = None, jetson_steps: int = 300,
                    more_paired_seeds: Sequence[int] = (1, 2), checkpoints: str = CHECKPOINTS) -> list[Stage]:
     """The stages in priority order: 0. the engine's checks on the device, 1. the engine benchmark (SST-2, then
-    RTE), 2. packs in width groups against one forward (their graph check, then the benchmark with fine
-    buckets), 3. Gao et al.'s standard benchmark of the inner loop in fp16 (MeZO (LoRA-FA) against P-RGE's inner
-    loop at q 1, L 64/128/256 × B 1/8/16: where their 1.79× was measured), 4. the runtime and memory grids in
-    fp16 (INT8/NF4 rows only with ``quantized``), 5. the fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then
-    ``more_paired_seeds``: three seeds before a claim), 6. (with ``quantized``) the standard benchmark over NF4 and
+    RTE), 2. Gao et al.'s standard benchmark of the inner loop in fp16 (MeZO (LoRA-FA) against P-RGE's inner
+    loop at q 1, L 64/128/256 × B 1/8/16: where their 1.79× was measured), 3. the runtime and memory grids in
+    fp16 (INT8/NF4 rows only with ``quantized``), 4. (with ``quantized``) the standard benchmark over NF4 and
     INT8 weights (Fig. 6: 1.97× with NF4), then the Jetson path, P-RGE q 4 and 16 over an NF4 base in fp16 for
-    ``jetson_steps`` steps, 7. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows
+    ``jetson_steps`` steps, 5. packs in width groups against one forward (their graph check, then the benchmark
+    with fine buckets), 6. the fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then ``more_paired_seeds``: three
+    seeds before a claim), 7. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows
     of SST-2, then RTE: the paper's claim, before MeZO (Full)'s long solo cells), 8. MeBP's Fig. 1 (WikiText-2
     curves) at the paper profile, 9. the rest of Table 1's paper-profile cells in packs.
+    Why this order: the measurements of the paper's GPU claims (2-4) take about half an hour in all, while the
+    paper-profile cells (7-9) are priced in hundreds of GPU hours (``prge reproduce table1 --profile paper --list``),
+    far beyond sittings of a quarter of an hour; the engine's speed-ups (5) and the fp16 decision (6) serve only
+    those cells, so they follow the claims that a few sittings can settle.
     Result files go under ``out``; the paper-profile cells keep their checkpoints under ``checkpoints`` (seed
     checkpoints, :data:`SEED_CHECKPOINTS`: small enough to carry to the next sitting's machine)."""
     out = Path(out)
@@ -148,17 +152,17 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             *(Stage(f"engine-bench-{task}", f"engine benchmark on {title}: eager, optimised, packed",
                     minutes, (bench(task),))
               for task, title, minutes in (("sst2", "SST-2", 2.5), ("rte", "RTE", 4.5))),
-            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, with the fp16 low-rank product, "
-                  "compiled, SST-2 and RTE, each step profiled (the pack, group-graph and seed-replay checks first); "
-                  "16 runs' evaluations alone and together", 8.0, groups),
             table13_stage("none", 4.0),
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   16.0 if quantized else 12.0, grids, resumable=True),
-            paired_stage("paired-fp32-fp16", paired_seeds),
-            *([paired_stage("paired-fp32-fp16-more", more_paired_seeds, graphs=True)] if more_paired_seeds else []),
             *([table13_stage("nf4", 5.0), table13_stage("int8", 5.0)] if quantized else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
+            Stage("engine-groups", "packs of 256 runs in 1, 4 and 8 width groups, with the fp16 low-rank product, "
+                  "compiled, SST-2 and RTE, each step profiled (the pack, group-graph and seed-replay checks first); "
+                  "16 runs' evaluations alone and together", 8.0, groups),
+            paired_stage("paired-fp32-fp16", paired_seeds),
+            *([paired_stage("paired-fp32-fp16-more", more_paired_seeds, graphs=True)] if more_paired_seeds else []),
             *(Stage(f"table1-paper-zo-{task}", f"Table 1, paper profile, {title}: zero-shot, MeZO (LoRA-FA) and "
                     f"P-RGE q 4 and 16 over the lr grid, packs of 8", minutes, table1_zo(task), resumable=True)
               for task, title, minutes in (("sst2", "SST-2", 120.0), ("rte", "RTE", 150.0))),
