@@ -490,3 +490,39 @@ def test_list_prices_steps_from_the_committed_result_files(monkeypatch):
     assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
     assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
                                                    "(no committed cell to measure): prge")
+
+
+def test_a_cell_another_grid_has_run_is_adopted_not_run_again(tmp_path, monkeypatch):
+    # the senszoq sweep's cells at the alternatives grid's rate are that grid's runs: same settings, seed and steps
+    made = Path("data/results/alternatives/sst2/senszoq-random-s1e-3_lr1e-4_seed0.json")
+    (tmp_path / "alternatives" / "sst2").mkdir(parents=True)
+    twin = tmp_path / "alternatives" / "sst2" / made.name
+    twin.write_text(made.read_text())
+    sweep = {c.name: c for c in rp.grid_cells("senszoq") if c.task == "sst2"}
+    cell = sweep["sst2/senszoq-random-s1e-3_lr1e-4_seed0"]
+    other_rate = sweep["sst2/senszoq-random-s1e-3_lr1e-3_seed0"]
+    assert rp.twin_result(cell, tmp_path) == twin and rp.twin_result(other_rate, tmp_path) is None
+    assert rp.twin_result(next(c for c in rp.grid_cells("alternatives") if c.name == cell.name), tmp_path) is None
+    assert rp.cell_status(cell, tmp_path, tmp_path)["state"] == "same run in alternatives"
+    listing = rp.list_cells([cell, other_rate], tmp_path, tmp_path)
+    assert "0/2 done and 1 made by another grid" in listing
+    assert rp.price_cells([cell], tmp_path, tmp_path)["seconds"] == [0.0]
+
+    monkeypatch.setattr(runner, "_run_held", lambda *a, **k: pytest.fail("an adopted cell must not train"))
+    said = []
+    assert rp.run_grid([cell], results=tmp_path, checkpoints=tmp_path / "ck", progress=False,
+                       say=said.append) == [cell.result_path(tmp_path)]
+    assert any("the same run as alternatives/sst2/" in s and "adopted" in s for s in said)
+    original, adopted = rp.read_result(made), json.loads(cell.result_path(tmp_path).read_text())   # as read: upgraded
+    assert adopted["same_run_as"] == "alternatives/sst2/senszoq-random-s1e-3_lr1e-4_seed0.json"
+    assert adopted["cell"]["grid"] == "senszoq" and adopted["provenance"] == original["provenance"]
+    assert {k: v for k, v in adopted.items() if k not in ("cell", "same_run_as")} == \
+        {k: v for k, v in original.items() if k != "cell"}
+    assert rp.cell_status(cell, tmp_path, tmp_path)["state"] == "done"
+    assert [r["seed"] for r in rp.runs_of("senszoq", "sst2", "senszoq-random-s1e-3", 1e-4, tmp_path)] == [0]
+
+    # a file there made with other settings is no twin: the cell stays to run
+    changed = dict(json.loads(made.read_text()), config={**original["config"], "eps": 1e-2})
+    twin.write_text(json.dumps(changed))
+    cell.result_path(tmp_path).unlink()
+    assert rp.twin_result(cell, tmp_path) is None and rp.cell_status(cell, tmp_path, tmp_path)["state"] == "missing"

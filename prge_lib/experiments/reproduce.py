@@ -35,9 +35,10 @@ from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SE
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs, step_shape
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
-                                          read_if_present, read_result, result_differs,
+                                          read_if_present, read_result, result_differs, twin_result,
                                           validate_result)
-from prge_lib.experiments.runner import BACKENDS, EMBEDDED_MODEL, connect_ray, run_cell, run_grid, run_pack
+from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, connect_ray, run_cell, run_grid,
+                                         run_pack)
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, sweep_edges)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
@@ -60,8 +61,8 @@ __all__ = [
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs", "step_shape",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",
-    "validate_result",
-    "BACKENDS", "EMBEDDED_MODEL", "connect_ray", "run_cell", "run_grid", "run_pack",
+    "twin_result", "validate_result",
+    "BACKENDS", "EMBEDDED_MODEL", "adopt_twin", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",
     "compare_rows", "compare_scores", "describe",
     "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",

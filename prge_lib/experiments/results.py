@@ -1,7 +1,7 @@
 """Result files: one of chapter 7's cells read and checked against its schema (:func:`read_result`,
 :class:`ResultFileError` naming the file and the failing field), and whether a file is the result of the cell whose
 place it has (:func:`cell_matches`, :func:`check_file_cell`); any result file as a chapter quotes it
-(:func:`read_if_present`).
+(:func:`read_if_present`); the same run made as another grid's cell (:func:`twin_result`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.schema import json_schema
-from prge_lib.experiments.cells import Cell
+from prge_lib.experiments.cells import Cell, grid_folder
 from prge_lib.experiments.grids import GRIDS
 from prge_lib.training.records import RECORD_TYPES, upgrade_record
 
@@ -41,6 +41,26 @@ def result_differs(cell: Cell, results: Path = RESULTS) -> list[str] | None:
     A file that cannot be read as a result raises :class:`ResultFileError`."""
     path = cell.result_path(results)
     return cell_matches(cell, read_result(path)) if path.is_file() else None
+
+
+def twin_result(cell: Cell, results: Path = RESULTS) -> Path | None:
+    """The result file of this very run made as another grid's cell: the cell of the same name and profile in
+    another grid's folder, whose result has this cell's settings (:func:`cell_matches`: task, method, rate, seed,
+    steps, protocol). Chapter 8's ``senszoq`` sweep, for one, holds at the rate the ``alternatives`` grid gives
+    every mask the runs that grid made. None where no other grid holds it, or for a benchmark or curves cell."""
+    if cell.kind not in ("train", "zeroshot"):
+        return None
+    for grid in GRIDS:
+        path = Path(results) / grid_folder(grid, cell.profile) / f"{cell.name}.json"
+        if grid == cell.grid or not path.is_file():
+            continue
+        try:
+            result = read_result(path)
+        except ResultFileError:         # that grid's own listing names the file; it is no twin
+            continue
+        if result.get("kind") == "train" and not cell_matches(cell, result):
+            return path
+    return None
 
 
 class ResultFileError(ValueError):

@@ -5,7 +5,9 @@ settings), resumes an interrupted cell from its checkpoint (removed once the res
 where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose loss turns
 non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline stops a training cell at a
 checkpoint and keeps further cells from starting. With a pack size above 1 the training cells that can share a
-forward train in packs (:func:`run_pack`), each still under its own lock, checkpoint and result.
+forward train in packs (:func:`run_pack`), each still under its own lock, checkpoint and result. A cell whose very
+run another grid has made (:func:`~prge_lib.experiments.results.twin_result`) is not run again: that result is
+adopted (:func:`adopt_twin`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from prge_lib.experiments.cells import Cell, checkpoint_root
 from prge_lib.experiments.estimates import estimate_seconds
 from prge_lib.experiments.locks import CellBusy, cell_lock
 from prge_lib.experiments.packs import check_pack_size, plan_packs
-from prge_lib.experiments.results import conflicting_results, result_differs, validate_result
+from prge_lib.experiments.results import (conflicting_results, read_result, result_differs, twin_result,
+                                          validate_result)
 from prge_lib.models.loading import load_model
 from prge_lib.training.evaluate import zero_shot
 from prge_lib.models.options import EMBEDDED
@@ -59,6 +62,9 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     with cell_lock(cell, checkpoints):
         if _result_done(cell, results):         # written by another process while this one waited
             return path
+        twin = twin_result(cell, results)
+        if twin is not None:
+            return adopt_twin(cell, twin, results)
         if threads:
             import torch
             torch.set_num_threads(threads)
@@ -84,8 +90,7 @@ def _write_cell_result(cell: Cell, result: dict, results: Path, checkpoints: Pat
                        wall_time_s: float) -> Path:
     """Write ``result`` as ``cell``'s (its cell block, seed and provenance with the command that makes the cell
     alone added), then remove the cell's checkpoint folder."""
-    result["cell"] = {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
-                      "label": cell.row.label, "lr": cell.lr}
+    result["cell"] = _cell_block(cell)
     result.setdefault("seed", cell.seed)
     result["provenance"] = provenance(wall_time_s, command=cell.command())
     validate_result(result)
@@ -93,6 +98,22 @@ def _write_cell_result(cell: Cell, result: dict, results: Path, checkpoints: Pat
     # the result holds everything the checkpoint did that a table needs; a full-model checkpoint is ~1 GB
     shutil.rmtree(cell.checkpoint_dir(checkpoints), ignore_errors=True)
     return written
+
+
+def _cell_block(cell: Cell) -> dict:
+    return {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
+            "label": cell.row.label, "lr": cell.lr}
+
+
+def adopt_twin(cell: Cell, twin: Path, results: Path = RESULTS) -> Path:
+    """Write the result file ``twin`` (:func:`~prge_lib.experiments.results.twin_result`: the same run, made as
+    another grid's cell) as ``cell``'s: the same record with this grid's cell block and ``same_run_as`` naming the
+    file it came from. Its provenance stays the run's own (the command, commit and machine that made it)."""
+    result = read_result(twin)
+    result["cell"] = _cell_block(cell)
+    result["same_run_as"] = Path(twin).resolve().relative_to(Path(results).resolve()).as_posix()
+    validate_result(result)
+    return write_result(cell.result_path(results), result)
 
 
 def _result_done(cell: Cell, results: Path) -> bool:
@@ -243,12 +264,22 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
                          "or move those files away to rerun the cells")
     todo = [c for c in cells if not c.result_path(results).is_file()]
     checkpoints = checkpoint_root(checkpoints)
+    paths = []
+    for cell in todo:
+        twin = twin_result(cell, results)
+        if twin is None:
+            continue
+        try:
+            paths.append(run_cell(cell, results, checkpoints, progress=False))     # adopts the twin's result
+            say(f"cell {cell.name}: the same run as {twin.relative_to(results).as_posix()}: its result adopted")
+        except CellBusy as busy:
+            say(str(busy))
+    todo = [c for c in todo if not c.result_path(results).is_file()]
     say(f"{len(cells) - len(todo)} of {len(cells)} cells done; running {len(todo)}")
     if backend == "ray":
-        return _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline, restart)
+        return paths + _run_on_ray(todo, address, results, checkpoints, cpus_per_cell, say, deadline, restart)
     from tqdm.auto import tqdm
     units = plan_packs(todo, pack)
-    paths = []
     for i, unit in enumerate(tqdm(units, desc="cells", disable=not progress or len(units) < 2)):
         cell = unit[0]
         if not _fits_before(cell, deadline):

@@ -12,15 +12,17 @@ from prge_lib.experiments.estimates import (PACK_ASSUMPTION, device_kind, device
                                             estimate_seconds, lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
-from prge_lib.experiments.results import ResultFileError, result_differs
+from prge_lib.experiments.results import ResultFileError, result_differs, twin_result
 from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 
 def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = None) -> dict:
-    """{"state": "done" | "running" | "partial" | "missing" | "other settings (…)" | "unreadable: …", "step": steps
-    done, "steps": steps of the cell}. "other settings": a result file made with other settings
-    (:func:`cell_matches`); "running": another process holds the cell's lock (:func:`cell_lock`); "unreadable": a
-    result file or checkpoint that cannot be read, with the reason."""
+    """{"state": "done" | "running" | "partial" | "missing" | "same run in <folder>" | "other settings (…)" |
+    "unreadable: …", "step": steps done, "steps": steps of the cell}. "other settings": a result file made with other
+    settings (:func:`cell_matches`); "running": another process holds the cell's lock (:func:`cell_lock`); "same run
+    in …": no result or checkpoint of its own, but another grid's folder holds this very run (:func:`twin_result`),
+    which running the grid adopts at once; "unreadable": a result file or checkpoint that cannot be read, with the
+    reason."""
     steps = cell.steps()
     try:
         differ = result_differs(cell, results)
@@ -39,6 +41,8 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
             if not running:
                 return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
     state = "running" if running else "partial" if ckpt.is_file() else "missing"
+    if state == "missing" and (twin := twin_result(cell, results)) is not None:
+        state, step = f"same run in {twin.relative_to(results).parts[0]}", steps
     return {"state": state, "step": step, "steps": steps}
 
 
@@ -89,7 +93,10 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     if totals_only:
         lines = []
     done = sum(st["state"] == "done" for st in priced["states"])
-    lines.append(f"{done}/{len(cells)} done; about {_hours(sum(priced['seconds']))} left ({basis})")
+    twins = sum(st["state"].startswith("same run in ") for st in priced["states"])
+    lines.append(f"{done}/{len(cells)} done" + (f" and {twins} made by another grid (adopted when this one runs)"
+                                                 if twins else "") + f"; about {_hours(sum(priced['seconds']))} left "
+                 f"({basis})")
     training = [cell.config() for cell, st in zip(cells, priced["states"])
                 if cell.kind == "train" and st["state"] in ("partial", "missing", "running")]
     if training:

@@ -99,6 +99,7 @@ class TrainRecord(TypedDict):
     data_notes: NotRequired[list[str]]
     elapsed_s: NotRequired[dict[str, float]]
     cell: NotRequired[dict[str, Any]]
+    same_run_as: NotRequired[str]       # a grid's cell adopted from another grid's same run: that file, under results
     packed: NotRequired[dict[str, Any]]
     cuda_peak_mib: NotRequired[float]   # a GPU run: torch.cuda.max_memory_allocated over the process, MiB
 
