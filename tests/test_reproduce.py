@@ -520,6 +520,7 @@ def test_a_cell_another_grid_has_run_is_adopted_not_run_again(tmp_path, monkeypa
         {k: v for k, v in original.items() if k != "cell"}
     assert rp.cell_status(cell, tmp_path, tmp_path)["state"] == "done"
     assert [r["seed"] for r in rp.runs_of("senszoq", "sst2", "senszoq-random-s1e-3", 1e-4, tmp_path)] == [0]
+    assert [n for _, n in rp.measured_step_seconds(tmp_path).values()] == [1]     # one run, priced once
 
     # a file there made with other settings is no twin: the cell stays to run
     changed = dict(json.loads(made.read_text()), config={**original["config"], "eps": 1e-2})

@@ -122,7 +122,8 @@ def _at_reference_batch(config: dict) -> bool:
 def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int]]:
     """{:func:`rate_key`: (median seconds per step, runs measured)} over the committed training runs in the grids'
     folders under ``results`` (cpu profile) that price a step: SST-2, on the CPU at 1 torch thread, not packed, not
-    in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them)."""
+    in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them); a run
+    one grid adopted from another (``same_run_as``) counts once."""
     steps: dict[str, list[float]] = {}
     for path in sorted(p for grid in GRIDS for p in (Path(results) / grid_folder(grid, "cpu")).rglob("*.json")):
         try:
@@ -131,7 +132,7 @@ def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int
             median = result["step_s"]["median"]
         except (OSError, ValueError, KeyError, TypeError):       # not a training result with measured steps
             continue
-        if (result["task"] != "sst2" or device_kind(config) != "cpu" or "packed" in result
+        if (result["task"] != "sst2" or device_kind(config) != "cpu" or "packed" in result or "same_run_as" in result
                 or config.get("program") or hardware.get("torch_threads") != 1 or not median
                 or config.get("method") not in registry.names() or not _at_reference_batch(config)):
             continue
@@ -216,7 +217,7 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         try:
             result = read_if_present(path)
             packed, config, step = result["packed"], result["config"], result["step_s"]["median"]
-            if device_kind(config) != device or not step or packed["runs"] < 1:
+            if device_kind(config) != device or not step or packed["runs"] < 1 or "same_run_as" in result:
                 continue
             shares.append(step / packed["runs"] / step_seconds(result["task"], config))
         except (OSError, ValueError, KeyError, TypeError):     # not a packed training result: not a measure
@@ -248,7 +249,7 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
         try:
             result = read_if_present(path)
             config, step = result["config"], result["step_s"]["median"]
-            if device_kind(config) != device or result.get("packed") or not step:
+            if device_kind(config) != device or result.get("packed") or not step or "same_run_as" in result:
                 continue
             steps.setdefault(config["method"], []).append(step / step_seconds(result["task"], config))
             price = len(result["evals"]) * EVAL_SECONDS * evaluation_factor(result["task"])
