@@ -522,6 +522,14 @@ def test_a_cell_another_grid_has_run_is_adopted_not_run_again(tmp_path, monkeypa
     assert [r["seed"] for r in rp.runs_of("senszoq", "sst2", "senszoq-random-s1e-3", 1e-4, tmp_path)] == [0]
     assert [n for _, n in rp.measured_step_seconds(tmp_path).values()] == [1]     # one run, priced once
 
+    # a copy names the file the run first went to: the alternatives cell, its file gone, takes it back from the copy
+    # and is its own again
+    twin.unlink()
+    alt_cell = next(c for c in rp.grid_cells("alternatives") if c.name == cell.name)
+    rp.run_grid([alt_cell], results=tmp_path, checkpoints=tmp_path / "ck", progress=False, say=said.append)
+    restored = json.loads(twin.read_text())
+    assert "same_run_as" not in restored and restored["cell"]["grid"] == "alternatives"
+
     # a file there made with other settings is no twin: the cell stays to run
     changed = dict(json.loads(made.read_text()), config={**original["config"], "eps": 1e-2})
     twin.write_text(json.dumps(changed))

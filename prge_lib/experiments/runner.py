@@ -108,10 +108,14 @@ def _cell_block(cell: Cell) -> dict:
 def adopt_twin(cell: Cell, twin: Path, results: Path = RESULTS) -> Path:
     """Write the result file ``twin`` (:func:`~prge_lib.experiments.results.twin_result`: the same run, made as
     another grid's cell) as ``cell``'s: the same record with this grid's cell block and ``same_run_as`` naming the
-    file it came from. Its provenance stays the run's own (the command, commit and machine that made it)."""
+    file the run first went to (a copy's own ``same_run_as``, else ``twin``; none where that is this cell's own
+    file, restored from a copy). Its provenance stays the run's own (the command, commit and machine that made it)."""
     result = read_result(twin)
     result["cell"] = _cell_block(cell)
-    result["same_run_as"] = Path(twin).resolve().relative_to(Path(results).resolve()).as_posix()
+    root = Path(results).resolve()
+    result.setdefault("same_run_as", Path(twin).resolve().relative_to(root).as_posix())
+    if result["same_run_as"] == cell.result_path(root).relative_to(root).as_posix():
+        del result["same_run_as"]
     validate_result(result)
     return write_result(cell.result_path(results), result)
 
