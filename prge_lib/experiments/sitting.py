@@ -79,7 +79,7 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     curves) at the paper profile, 9. the rest of Table 1's paper-profile cells in packs.
     Why this order: the measurements of the paper's GPU claims (2-4) take about half an hour in all, while the
     paper-profile cells (7-9) are priced in hundreds of GPU hours (``prge reproduce table1 --profile paper --list``),
-    far beyond sittings of a quarter of an hour; the engine's speed-ups (5) and the fp16 decision (6) serve only
+    far beyond a few sittings of minutes; the engine's speed-ups (5) and the fp16 decision (6) serve only
     those cells, so they follow the claims that a few sittings can settle.
     Result files go under ``out``; the paper-profile cells keep their checkpoints under ``checkpoints`` (seed
     checkpoints, :data:`SEED_CHECKPOINTS`: small enough to carry to the next sitting's machine)."""
