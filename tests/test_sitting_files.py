@@ -104,7 +104,7 @@ def test_a_gpu_benchmark_meters_each_peak_in_its_own_process_and_a_cpu_one_in_a_
     from prge_lib.experiments.bench import methods
 
     calls = []
-    monkeypatch.setattr(methods, "_measure_peak", lambda job: calls.append(("here", job)) or 7.0)
+    monkeypatch.setattr(methods, "_measure_peak", lambda job, fresh=None: calls.append(("here", job)) or 7.0)
     monkeypatch.setattr(methods, "in_fresh_process",
                         lambda module, job, what, live_memory=False: calls.append(("fresh", job)) or {"peak_mib": 9.0})
     args = ("prge", 16, 4, 64, 1, None, 1e-2, 1e-9)
@@ -115,3 +115,38 @@ def test_a_gpu_benchmark_meters_each_peak_in_its_own_process_and_a_cpu_one_in_a_
     assert calls[0][1] == {"model": {"device": "cuda", "dtype": "fp16"}, "name": "prge", "E": 16, "q": 4,
                            "seq_len": 64, "warmup": 1, "task": None, "eps": 1e-2, "lr": 1e-9}
     assert calls[0][1] == {**calls[2][1], "model": calls[0][1]["model"]}      # the same job either way
+
+
+def test_a_gpu_benchmark_copies_one_untouched_model_instead_of_loading_one_per_configuration(tiny_folder,
+                                                                                            monkeypatch):
+    """On a GPU each configuration gets a device copy of one model loaded once (a runtime cell asks for about
+    sixty); the copy is a load's equal, and what a method does to it (LoRA-FA put in, weights perturbed in place)
+    never reaches the original. Quantized weights, and the CPU, still load each time."""
+    import torch
+    from prge_lib.experiments.bench import methods
+    from prge_lib.zo.lora import inject_lorafa
+
+    assert methods.FreshModels({"device": "cuda", "dtype": "fp16"}).copies
+    assert not methods.FreshModels({"device": "cuda", "quant": "nf4"}).copies
+    assert not methods.FreshModels({"device": "cpu"}).copies and not methods.FreshModels({}).copies
+    loads = []
+    real_load = methods.load_model
+    monkeypatch.setattr(methods, "load_model", lambda **spec: loads.append(spec) or real_load(**spec))
+    fresh = methods.FreshModels({"name": str(tiny_folder)}, copies=True)
+    first, _ = fresh()
+    inject_lorafa(first)
+    with torch.no_grad():
+        for p in first.parameters():
+            p.add_(1.0)
+    second, _ = fresh()
+    reference, _ = real_load(name=str(tiny_folder))
+    assert len(loads) == 1 and second is not first
+    assert second.state_dict().keys() == reference.state_dict().keys()
+    assert all(torch.equal(second.state_dict()[k], v) for k, v in reference.state_dict().items())
+
+    # the benchmark: one load with copies, one per configuration and round without
+    for copies, expected in ((True, 1), (False, 2 * (1 + 2))):
+        loads.clear()
+        result = methods.bench({"name": str(tiny_folder)}, ["mezo-lorafa", "prge"], E=4, qs=(2,), seq_len=16,
+                               repeats=2, warmup=0, peaks=False, progress=lambda _: None, copies=copies)
+        assert len(loads) == expected and set(result["configs"]) == {"mezo-lorafa", "prge"}

@@ -2,7 +2,8 @@
 et al. §4.2, "standard benchmark"; Tables 8, 13, Fig. 5 and 7; chapters 1, 3, 5, 6), measured with the
 toolkit of :mod:`prge_lib.common.measure`.
 
-Each configuration gets a freshly loaded model. Timing: the median over ``repeats`` rounds, each timing one
+Each configuration gets a fresh model (:class:`FreshModels`: loaded, or on a GPU copied from one untouched model
+loaded once). Timing: the median over ``repeats`` rounds, each timing one
 step after ``warmup`` steps (rounds interleave the configurations). Memory: the peak above the memory held
 once the loaded model has run one tiny forward (which pages memory-mapped weights in), one fresh process per
 configuration on a CPU, in this process on a GPU (:func:`step_peak`). Ratios between configurations are
@@ -10,6 +11,7 @@ meaningful only within one run on one otherwise idle machine.
 """
 from __future__ import annotations
 
+import copy
 import json
 import random
 import statistics
@@ -46,6 +48,32 @@ CONFIGS = {
     "prge": ("prge", True, True),               # the trainer's default: z kept for the update when it fits
     "prge-redraw": ("prge", True, True),        # z redrawn from the seeds for the update (nothing kept)
 }
+
+
+class FreshModels:
+    """A fresh ``(model, tokenizer)`` for each configuration of a benchmark, as ``load_model(**spec)`` gives it.
+
+    With ``copies`` (default: on a GPU, for weights that are not quantized) the model is loaded once and each call
+    returns a deep copy of that untouched original: a copy on the device instead of a read from disk, a dtype
+    conversion and a transfer (a ``runtime`` cell asks for about sixty models). The copy holds the same weights as
+    a load, and no method's changes (LoRA-FA layers put in, weights perturbed in place) reach the original. Weights
+    quantized by bitsandbytes are loaded afresh each time, as on the CPU, where a load maps the file and a copy
+    would read it all."""
+
+    def __init__(self, spec: dict, copies: bool | None = None):
+        self.spec = dict(spec)
+        if copies is None:
+            copies = str(self.spec.get("device") or "cpu").startswith("cuda") and \
+                self.spec.get("quant", "none") == "none"
+        self.copies, self.original = copies, None
+
+    def __call__(self):
+        if not self.copies:
+            return load_model(**self.spec)
+        if self.original is None:
+            self.original = load_model(**self.spec)
+        model, tokenizer = self.original
+        return copy.deepcopy(model), tokenizer
 
 
 class BatchSource:
@@ -130,8 +158,10 @@ def configurations(names: Sequence[str], qs: Sequence[int]) -> list[tuple[str, t
 
 def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,),
           seq_len: int = 64, repeats: int = 5, warmup: int = 1, eps: float = 1e-2, lr: float = 1e-9,
-          task: str | None = None, peaks: bool = True, progress: Callable[[str], None] = print) -> dict:
-    """Benchmark ``names`` (keys of CONFIGS), each on a fresh model loaded with ``load_model(**model)``.
+          task: str | None = None, peaks: bool = True, progress: Callable[[str], None] = print,
+          copies: bool | None = None) -> dict:
+    """Benchmark ``names`` (keys of CONFIGS), each on a fresh model as ``load_model(**model)`` gives it
+    (:class:`FreshModels`; ``copies``: copied from one load, by default on a GPU).
 
     P-RGE configurations run once per q in ``qs`` (keys "prge@q4" when several q are given); inference,
     FO and MeZO (Full) use q = 1, B = E, as in the paper; "mezo-lorafa" is P-RGE with q = 1. The floor
@@ -152,10 +182,11 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     floors: list[dict] = []
     shape: dict[str, tuple[int, int]] = {}
     source = None       # built once, from the first model loaded (its vocabulary, tokenizer and device)
+    fresh = FreshModels(model, copies)
     for round_ in range(repeats):
         first = round_ * (warmup + 1)     # real batches differ from round to round
         for key, spec in runs:
-            net, tokenizer = load_model(**model)
+            net, tokenizer = fresh()
             device = next(net.parameters()).device
             cuda = device.type == "cuda"
             if source is None:
@@ -177,7 +208,7 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
     for key, spec in runs:
         if spec is None:
             continue
-        peak = step_peak(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr) if peaks else None
+        peak = step_peak(model, spec[0], E, spec[1], seq_len, warmup, task, eps, lr, fresh) if peaks else None
         results[key] = {"config": spec[0], "q": spec[1], "rows_per_query": shape[key][0],
                         "forwards_per_step": shape[key][1], "step_s": step_times(times[key]),
                         "peak_mib": peak}
@@ -188,16 +219,17 @@ def bench(model: dict, names: list[str], E: int = 16, qs: tuple[int, ...] = (4,)
 
 
 def step_peak(model: dict, name: str, E: int, q: int, seq_len: int, warmup: int, task: str | None, eps: float,
-              lr: float) -> float | None:
+              lr: float, fresh: FreshModels | None = None) -> float | None:
     """Peak memory (MiB above the loaded model) of ``warmup`` + 1 steps of ``name``. On a CPU in a fresh process
     (:func:`peak_in_subprocess`): within one long process the heap keeps memory freed by earlier configurations
     resident and hides later peaks. On a GPU in this process: the CUDA allocator's peak, reset at the start,
     counts the bytes of live tensors only, whatever the allocator keeps cached, and a fresh process would cost
-    a start, imports and a CUDA context per configuration."""
+    a start, imports and a CUDA context per configuration; the model comes from ``fresh`` where given (the
+    benchmark's :class:`FreshModels`, whose original is held before the peak's start and so not counted)."""
     if str(model.get("device") or "cpu").startswith("cuda"):
         release_memory()
         return _measure_peak({"model": model, "name": name, "E": E, "q": q, "seq_len": seq_len, "warmup": warmup,
-                              "task": task, "eps": eps, "lr": lr})
+                              "task": task, "eps": eps, "lr": lr}, fresh)
     return peak_in_subprocess(model, name, E, q, seq_len, warmup, task, eps, lr)
 
 
@@ -209,9 +241,9 @@ def peak_in_subprocess(model: dict, name: str, E: int, q: int, seq_len: int, war
     return in_fresh_process("prge_lib.experiments.bench.methods", job, f"memory measurement of {name!r}", live_memory=True)["peak_mib"]
 
 
-def _measure_peak(job: dict) -> float | None:
+def _measure_peak(job: dict, fresh: FreshModels | None = None) -> float | None:
 
-    model, tokenizer = load_model(**job["model"])
+    model, tokenizer = (fresh or FreshModels(job["model"], copies=False))()
     device = next(model.parameters()).device
     source = BatchSource(model.config.vocab_size, job["seq_len"], job["task"], tokenizer, device=device)
     with torch.no_grad():   # page every weight in (weights may be memory-mapped) before the baseline
