@@ -150,3 +150,30 @@ def test_a_gpu_benchmark_copies_one_untouched_model_instead_of_loading_one_per_c
         result = methods.bench({"name": str(tiny_folder)}, ["mezo-lorafa", "prge"], E=4, qs=(2,), seq_len=16,
                                repeats=2, warmup=0, peaks=False, progress=lambda _: None, copies=copies)
         assert len(loads) == expected and set(result["configs"]) == {"mezo-lorafa", "prge"}
+
+
+def test_the_standard_benchmark_runs_every_shape_in_one_process_one_file_each(tiny_folder, tmp_path, capsys):
+    """The sitting's table13 stages give every (L, B) to one ``prge bench``: one start, one set of imports and one
+    CUDA context instead of nine; each shape's file is the one a single-shape run writes."""
+    pattern = str(tmp_path / "5" / "table13" / "fp32_L{seq_len}_B{E}.json")
+    assert main(["bench", "--method", "mezo-lorafa,prge-inner", "--model", str(tiny_folder), "--q", "1",
+                 "--E", "1,2", "--seq-len", "8,12", "--repeats", "1", "--warmup", "0", "--no-peaks",
+                 "--out", pattern]) == 0
+    rows = gpu_results.inner_speedups(gpu_results.sitting_files("table13", tmp_path))
+    assert [(r["L"], r["B"]) for r in rows] == [(8, 1), (8, 2), (12, 1), (12, 2)]
+    for L, E in ((8, 1), (12, 2)):
+        one = json.loads(Path(pattern.format(seq_len=L, E=E)).read_text())
+        assert (one["seq_len"], one["E"], one["q"]) == (L, E, [1]) and "{E}" in one["provenance"]["command"]
+    # several values need their placeholder in --out, and the engine's benchmark takes one shape: refused first
+    capsys.readouterr()
+    for argv, message in (
+            (["--method", "prge-inner", "--q", "1", "--E", "1,2", "--out", str(tmp_path / "one.json")],
+             "names one file, but --seq-len and --E give 2 shapes: put {E} in it"),
+            (["--method", "prge-inner", "--q", "2", "--E", "2,3", "--out", str(tmp_path / "b{E}.json")],
+             "the effective batch E = 3 must be a multiple of q = 2"),
+            (["--configs", "eager", "--E", "4,8", "--out", str(tmp_path / "x")], "--E takes one value with --configs"),
+            (["--method", "prge-inner", "--E", "4,x", "--out", str(tmp_path / "x")],
+             "--E takes whole numbers separated by commas, got '4,x'")):
+        assert main(["bench", "--model", str(tiny_folder), *argv]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "one.json").exists() and not (tmp_path / "b2.json").exists()

@@ -13,6 +13,35 @@ from prge_lib.training.checks import check_numbers
 
 
 
+def _whole_numbers(text: str, option: str) -> list[int]:
+    """A comma-separated list of whole numbers given to ``option``, or a ValueError naming it."""
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"{option} takes whole numbers separated by commas, got {text!r}")
+    return values
+
+
+def bench_shapes(args) -> list[tuple[int, int, str]]:
+    """``prge bench --method``'s shapes: (L, E, result file) for every --seq-len × --E (L outer), each shape's file
+    named by --out with ``{seq_len}`` and ``{E}`` filled in. Several values of an option need its placeholder in
+    --out, so that no shape's file overwrites another's; checked, with q, before anything runs."""
+    lengths, batches = _whole_numbers(args.seq_len_list, "--seq-len"), _whole_numbers(args.E_list, "--E")
+    check_numbers({"seq_len": lengths, "E": batches}, options=True)
+    missing = [f"{{{key}}}" for key, values in (("seq_len", lengths), ("E", batches))
+               if len(values) > 1 and f"{{{key}}}" not in args.out]
+    if missing:
+        raise ValueError(f"--out {args.out!r} names one file, but --seq-len and --E give "
+                         f"{len(lengths) * len(batches)} shapes: put {' and '.join(missing)} in it, e.g. "
+                         f"bench_L{{seq_len}}_E{{E}}.json")
+    try:
+        return [(L, E, args.out.format(seq_len=L, E=E)) for L in lengths for E in batches]
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"--out {args.out!r}: only {{seq_len}} and {{E}} may stand in braces ({err})") from None
+
+
 def run_bench(args) -> int:
     if args.configs:
         return run_engine_bench(args)
@@ -20,6 +49,7 @@ def run_bench(args) -> int:
         raise ValueError("prge bench needs --method (the methods' step times) or --configs (the engine's "
                          "configurations: eager, optimised, packed-N, packed-max, packed-N-gK)")
     from prge_lib.experiments.bench.methods import bench
+    from prge_lib.zo.rge import check_zo_settings
 
     names = [n.strip() for n in args.method.split(",") if n.strip()]
     try:
@@ -27,20 +57,34 @@ def run_bench(args) -> int:
     except ValueError:
         raise ValueError(f"--q takes integers separated by commas, got {args.q_list!r}") from None
     check_numbers({"q": qs}, options=True)
-    start = time.perf_counter()
+    shapes = bench_shapes(args)
+    for _, E, _ in shapes:
+        for q in qs:
+            check_zo_settings(q, E)
     spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
-    result = bench(spec, names, E=args.E, qs=qs, seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup,
-                   task=args.task, peaks=not args.no_peaks, progress=lambda line: print(line, file=sys.stderr))
-    result.update({"kind": "bench", "methods": names, "E": args.E, "q": list(qs), "seq_len": args.seq_len,
-                   "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
-                   else "synthetic, full length, no padding",
-                   "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
-                   "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
-                   "provenance": provenance(time.perf_counter() - start, args.command_line)})
-    write_result(args.out, result)
-    for key, value in result["ratios"].items():
-        print(f"{key}: {value:.3f}")
+    for L, E, out in shapes:        # one process for every shape: one start, one set of imports, one CUDA context
+        start = time.perf_counter()
+        if len(shapes) > 1:
+            print(f"shape L {L}, E {E} -> {out}", file=sys.stderr)
+        result = bench(spec, names, E=E, qs=qs, seq_len=L, repeats=args.repeats, warmup=args.warmup,
+                       task=args.task, peaks=not args.no_peaks, progress=lambda line: print(line, file=sys.stderr))
+        result.update({"kind": "bench", "methods": names, "E": E, "q": list(qs), "seq_len": L,
+                       "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
+                       else "synthetic, full length, no padding",
+                       "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
+                       "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
+                       "provenance": provenance(time.perf_counter() - start, args.command_line)})
+        write_result(out, result)
+        for key, value in result["ratios"].items():
+            print(f"{key}: {value:.3f}")
     return 0
+
+
+def _one_number(text: str, option: str) -> int:
+    values = _whole_numbers(text, option)
+    if len(values) > 1:
+        raise ValueError(f"{option} takes one value with --configs, got {text!r} (several shapes: --method)")
+    return values[0]
 
 
 def run_engine_bench(args) -> int:
@@ -58,18 +102,19 @@ def run_engine_bench(args) -> int:
         q = int(args.q_list)
     except ValueError:
         raise ValueError(f"--q takes one integer with --configs, got {args.q_list!r}") from None
-    check_zo_settings(q, args.E, dtype=args.dtype)
+    E, seq_len = (_one_number(args.E_list, "--E"), _one_number(args.seq_len_list, "--seq-len"))
+    check_zo_settings(q, E, dtype=args.dtype)
     check_numbers({"repeats": args.repeats, "max_pack": args.max_pack, "eval_examples": args.eval_examples},
                   options=True)
     buckets = parse_buckets(args.buckets)
     check_device(args.device)
     start = time.perf_counter()
     result = engine_bench(lambda dtype: load_model(args.model, dtype=dtype, device=args.device), configs, tasks,
-                          q=q, E=args.E, seq_len=args.seq_len, buckets=buckets, dtype=args.dtype,
+                          q=q, E=E, seq_len=seq_len, buckets=buckets, dtype=args.dtype,
                           steps=args.repeats, warmup=args.warmup, max_pack=args.max_pack,
                           graphs=not args.no_graphs, progress=lambda line: print(line, file=sys.stderr),
                           profile=args.profile, eval_examples=args.eval_examples, traffic=args.traffic)
-    result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": args.E, "seq_len": args.seq_len,
+    result.update({"kind": "engine-bench", "configs": configs, "q": q, "E": E, "seq_len": seq_len,
                    **({"eval_examples": args.eval_examples} if any(c.startswith("eval-") for c in configs) else {}),
                    "buckets": list(buckets or []), "dtype": args.dtype, "model": args.model or EMBEDDED,
                    "batches": "real training batches (prompts cut to --seq-len)", "repeats": args.repeats,
@@ -145,9 +190,11 @@ def bench_options(be) -> None:
                     help="--configs: run one step of each configuration again with the bytes its operators write and "
                          "read counted, by kind (matmul, attention, copy, noise, other) and the top 15: a count, the "
                          "same on any machine, not a timing (a pack's step eagerly, as its CUDA graph records it)")
-    be.add_argument("--E", type=int, default=16, help="effective batch E = q·B")
+    be.add_argument("--E", dest="E_list", default="16", help="effective batch E = q·B; several (--method): 1,8,16, each its own "
+                                             "file (put {E} in --out)")
     be.add_argument("--q", dest="q_list", default="4", help="queries for the prge configurations; several: 1,4,16")
-    be.add_argument("--seq-len", type=int, default=64, help="synthetic length (with --task: the longest prompt)")
+    be.add_argument("--seq-len", dest="seq_len_list", default="64", help="synthetic length (with --task: the longest prompt); several "
+                                                   "(--method): 64,128,256, each its own file (put {seq_len} in --out)")
     be.add_argument("--task", default=None, help="time real training batches of this task instead (with "
                                                  "--configs: tasks, comma-separated)")
     be.add_argument("--repeats", type=int, default=5)
@@ -156,7 +203,8 @@ def bench_options(be) -> None:
                     help="--method: step times only, without the peak memory of each configuration (on a CPU "
                          "metered in a fresh process per configuration, the slower part of a short benchmark)")
     add_model_options(be)
-    be.add_argument("--out", required=True, help="where to write the JSON result")
+    be.add_argument("--out", required=True, help="where to write the JSON result (several shapes: a pattern with "
+                                                  "{seq_len} and {E}, e.g. b_L{seq_len}_E{E}.json)")
     be.set_defaults(run=run_bench)
 
 
