@@ -177,3 +177,40 @@ def test_the_standard_benchmark_runs_every_shape_in_one_process_one_file_each(ti
         assert main(["bench", "--model", str(tiny_folder), *argv]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "one.json").exists() and not (tmp_path / "b2.json").exists()
+
+
+def test_a_benchmark_cut_short_measures_only_the_shapes_it_had_not_finished(tiny_folder, tmp_path, capsys,
+                                                                            monkeypatch):
+    """``prge bench --keep-done`` (the table13 stages): a shape whose file holds the same benchmark made on this
+    machine is kept as it is; a missing, broken, differently made or other machine's file is measured again."""
+    from prge_lib.experiments.bench import methods
+
+    measured = []
+    real = methods.bench
+
+    def counting(spec, names, **kw):
+        measured.append((kw["seq_len"], kw["E"]))
+        return real(spec, names, **kw)
+
+    monkeypatch.setattr(methods, "bench", counting)
+    pattern = str(tmp_path / "table13" / "fp32_L{seq_len}_B{E}.json")
+    argv = ["bench", "--method", "mezo-lorafa,prge-inner", "--model", str(tiny_folder), "--q", "1", "--E", "1,2",
+            "--seq-len", "8,12", "--repeats", "1", "--warmup", "0", "--no-peaks", "--keep-done", "--out", pattern]
+    assert main(argv) == 0 and measured == [(8, 1), (8, 2), (12, 1), (12, 2)]
+    path = {shape: Path(pattern.format(seq_len=shape[0], E=shape[1])) for shape in measured}
+    before = {shape: p.read_text() for shape, p in path.items()}
+    path[(8, 2)].unlink()                                           # never finished
+    path[(12, 1)].write_text(before[(12, 1)][:40])                  # cut off mid-write
+    other = json.loads(before[(12, 2)])
+    other["provenance"]["hardware"].update(cuda="NVIDIA H200")      # made on another machine
+    path[(12, 2)].write_text(json.dumps(other))
+    measured.clear()
+    assert main(argv) == 0
+    assert measured == [(8, 2), (12, 1), (12, 2)] and path[(8, 1)].read_text() == before[(8, 1)]
+    assert "shape L 8, E 1: kept" in capsys.readouterr().err
+    # the same files asked for with other settings (more repeats, or with peaks) are measured again
+    measured.clear()
+    assert main([*argv[:argv.index("--repeats") + 1], "2", *argv[argv.index("--repeats") + 2:]]) == 0
+    assert len(measured) == 4
+    measured.clear()
+    assert main([a for a in argv if a != "--keep-done"]) == 0 and len(measured) == 4    # without it: all again

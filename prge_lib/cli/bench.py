@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -42,6 +43,30 @@ def bench_shapes(args) -> list[tuple[int, int, str]]:
         raise ValueError(f"--out {args.out!r}: only {{seq_len}} and {{E}} may stand in braces ({err})") from None
 
 
+SAME_BENCHMARK = ("kind", "device", "methods", "E", "q", "seq_len", "batches", "quant", "dtype", "model", "repeats",
+                  "warmup", "peaks")
+
+
+def finished_shape(path: str, expected: dict) -> bool:
+    """Whether ``path`` already holds this shape's result (``prge bench --keep-done``): the same benchmark (every
+    field of :data:`SAME_BENCHMARK`), on the same machine (its GPU's name, or its CPU's without one) and in the
+    same mode (``PRGE_FAST``). A file that is missing, unreadable or made otherwise is measured again."""
+    from prge_lib.common.provenance import hardware
+    from prge_lib.experiments.gpu_results import device_name
+
+    try:
+        done = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(done, dict) or any(done.get(key) != expected[key] for key in SAME_BENCHMARK):
+        return False
+    try:
+        return device_name(done) == device_name({"provenance": {"hardware": hardware()}}) and \
+            done["provenance"].get("fast_mode", "") == os.environ.get("PRGE_FAST", "")
+    except (KeyError, TypeError, AttributeError):       # no provenance, or one of another shape
+        return False
+
+
 def run_bench(args) -> int:
     if args.configs:
         return run_engine_bench(args)
@@ -64,16 +89,19 @@ def run_bench(args) -> int:
     spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
     for L, E, out in shapes:        # one process for every shape: one start, one set of imports, one CUDA context
         start = time.perf_counter()
+        fields = {"kind": "bench", "device": args.device, "methods": names, "E": E, "q": list(qs), "seq_len": L,
+                  "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
+                  else "synthetic, full length, no padding",
+                  "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
+                  "repeats": args.repeats, "warmup": args.warmup, "peaks": not args.no_peaks}
+        if args.keep_done and finished_shape(out, fields):
+            print(f"shape L {L}, E {E}: kept {out} (the same benchmark on this machine)", file=sys.stderr)
+            continue
         if len(shapes) > 1:
             print(f"shape L {L}, E {E} -> {out}", file=sys.stderr)
         result = bench(spec, names, E=E, qs=qs, seq_len=L, repeats=args.repeats, warmup=args.warmup,
                        task=args.task, peaks=not args.no_peaks, progress=lambda line: print(line, file=sys.stderr))
-        result.update({"kind": "bench", "methods": names, "E": E, "q": list(qs), "seq_len": L,
-                       "batches": f"real {args.task} training batches (prompts cut to --seq-len)" if args.task
-                       else "synthetic, full length, no padding",
-                       "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
-                       "repeats": args.repeats, "warmup": args.warmup, "seed": 0,
-                       "provenance": provenance(time.perf_counter() - start, args.command_line)})
+        result.update({**fields, "seed": 0, "provenance": provenance(time.perf_counter() - start, args.command_line)})
         write_result(out, result)
         for key, value in result["ratios"].items():
             print(f"{key}: {value:.3f}")
@@ -202,6 +230,9 @@ def bench_options(be) -> None:
     be.add_argument("--no-peaks", action="store_true",
                     help="--method: step times only, without the peak memory of each configuration (on a CPU "
                          "metered in a fresh process per configuration, the slower part of a short benchmark)")
+    be.add_argument("--keep-done", action="store_true",
+                    help="--method: skip a shape whose --out file already holds the same benchmark made on this "
+                         "machine (a benchmark cut short measures only the shapes it had not finished)")
     add_model_options(be)
     be.add_argument("--out", required=True, help="where to write the JSON result (several shapes: a pattern with "
                                                   "{seq_len} and {E}, e.g. b_L{seq_len}_E{E}.json)")

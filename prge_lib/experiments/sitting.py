@@ -120,12 +120,12 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     def table13_stage(quant: str, minutes: float) -> Stage:
         # Gao et al.'s standard benchmark (Fig. 5 and 6; Table 13 of the ACL version), every shape in one process
         # (one file each): MeZO (LoRA-FA) against the inner loop at q 1 on full-length synthetic rows, fp16 compute,
-        # step times only
+        # step times only; a stage cut short keeps the shapes it finished and measures the rest next time
         label = "fp16" if quant == "none" else quant
         commands = (("bench", "--method", "mezo-lorafa,prge-inner", "--q", "1",
                      "--E", ",".join(map(str, paper.TABLE13_SECONDS["batch_sizes"])),
                      "--seq-len", ",".join(map(str, paper.TABLE13_SECONDS["seq_lens"])), "--dtype", "fp16",
-                     "--quant", quant, "--repeats", "5", "--no-peaks",
+                     "--quant", quant, "--repeats", "5", "--no-peaks", "--keep-done",
                      "--out", str(out / "table13" / f"{label}_L{{seq_len}}_B{{E}}.json"), *common),)
         weights = "fp16" if quant == "none" else f"{quant.upper()} weights, fp16 compute"
         return Stage(f"table13-{label}", f"Gao et al.'s standard benchmark (Fig. {5 if quant == 'none' else 6}, ACL "
