@@ -271,3 +271,21 @@ def test_a_sittings_commands_write_seed_checkpoints_unless_told_otherwise(monkey
     monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "0")
     sitting.subprocess_runner(["train"])
     assert seen[-1][1]["PRGE_SEED_CHECKPOINTS"] == "0"
+
+
+def test_every_command_of_every_stage_is_one_prge_accepts(tmp_path):
+    """A sitting's commands are written here and first run on the GPU machine: each must parse as ``prge`` parses
+    it (an option renamed or mistyped would otherwise cost a sitting), with ``--time-limit`` where the sitting adds
+    it, with and without the bitsandbytes stages."""
+    from prge_lib.cli.main import build_parser
+
+    stages = {s.name: s for quantized in (False, True) for s in sitting.sitting_stages(tmp_path, quantized=quantized)}
+    assert {"table13-nf4", "jetson-nf4", "grids-fp16"} <= set(stages)
+    for stage in stages.values():
+        for command in stage.commands:
+            argv = [*command, *(["--time-limit", "5.0"] if stage.resumable else [])]
+            try:
+                args = build_parser(argv[0]).parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"{stage.name}: prge does not accept {' '.join(argv)}")
+            assert args.command == argv[0] and callable(args.run)
