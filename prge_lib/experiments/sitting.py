@@ -331,9 +331,10 @@ def paired_summary(folder: Path, seeds: Sequence[int] | None = None) -> dict:
     return summary
 
 
-def check_environment(find: Callable[[str], object] = importlib.util.find_spec) -> dict:
+def check_environment(find: Callable[[str], object] = importlib.util.find_spec, device: str = "cuda") -> dict:
     """What the machine has: Python, torch and its CUDA device, the modules the sitting needs, and the
-    problems that stop a sitting (each with its fix)."""
+    problems that stop a sitting (each with its fix). A sitting on another ``device`` (a rehearsal of the
+    commands on the CPU, e.g. with a tiny model) needs no CUDA device."""
     info: dict = {"python": sys.version.split()[0], "modules": {}, "problems": []}
     for name in (*ON_MACHINE, *PAYLOAD, *OPTIONAL):
         info["modules"][name] = find(name) is not None
@@ -352,8 +353,8 @@ def check_environment(find: Callable[[str], object] = importlib.util.find_spec) 
             free, total = torch.cuda.mem_get_info()
             info.update(device=torch.cuda.get_device_name(0), gpu_free_gib=round(free / 2**30, 1),
                         gpu_total_gib=round(total / 2**30, 1))
-        else:
-            info["problems"].append("torch sees no CUDA device")
+        elif str(device).startswith("cuda"):
+            info["problems"].append("torch sees no CUDA device (a rehearsal on the CPU: --device cpu)")
     return info
 
 
