@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from prge_lib.cli.common import add_config_options, add_model_options
 from prge_lib.common.provenance import provenance, write_result
@@ -55,7 +56,7 @@ def finished_shape(path: str, expected: dict) -> bool:
     from prge_lib.experiments.gpu_results import device_name
 
     try:
-        done = json.loads(open(path).read())
+        done = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return False
     if not isinstance(done, dict) or any(done.get(key) != expected[key] for key in SAME_BENCHMARK):
