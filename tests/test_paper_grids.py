@@ -239,3 +239,29 @@ def test_the_wikitext_curves_cell_writes_every_methods_losses_and_step_times(tin
 
     with pytest.raises(jsonschema.ValidationError):
         rp.validate_result(dict(result, runs={}))              # a curves result with no run is refused
+
+
+def test_a_row_whose_sweep_never_left_zero_shot_is_named_not_confirmed_silently(tmp_path):
+    """``--list`` names a (task, row) whose every sweep run stayed at zero-shot (best validation within one standard
+    error of step 0): its "best" rate is noise. One run that moved takes the row off the list; a run without a
+    step-0 evaluation says nothing either way; rows without results are not named."""
+    def run(cell, start, best):
+        _write(cell, tmp_path, best)
+        path = cell.result_path(tmp_path)
+        result = json.loads(path.read_text())
+        result["evals"] = [{"step": 0, "val": start, "test": 0.5}, result["evals"][0]]
+        result["data_sizes"] = {"val": 500}
+        path.write_text(json.dumps(result))
+
+    sweep = rp.grid_cells("senszoq", "paper", only="rte/senszoq-random-s1e-3|rte/senszoq-largest-s1e-3")
+    random_cells = [c for c in sweep if c.row.key == "senszoq-random-s1e-3"]
+    largest = [c for c in sweep if c.row.key == "senszoq-largest-s1e-3"]
+    for cell in random_cells[:3]:
+        run(cell, 0.53, 0.55)               # 2 points up; one standard error at 500 examples is 2.2 points
+    run(largest[0], 0.53, 0.55)
+    run(largest[1], 0.53, 0.60)             # 7 points up: this row trained
+    rows = rp.untrained_rows(sweep, tmp_path)
+    assert rows == ["rte/senszoq-random-s1e-3: no run at 1e-4, 3e-4, 1e-3 left zero-shot: its best validation "
+                    "score so far is noise, not a rate to confirm"]
+    _write(random_cells[3], tmp_path, 0.9)  # no step-0 evaluation: whether it moved is unknown
+    assert rp.untrained_rows(sweep, tmp_path) == []

@@ -64,6 +64,8 @@ def run_reproduce(args) -> int:
             print(f"then --stage confirm, which waits for this sweep: {totals}")
             for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, roots["results"])[0]):
                 print(f"not bracketed: {edge}")
+            for row in rp.untrained_rows(cells, roots["results"]):
+                print(f"did not train: {row}")
         if args.dry_run:
             for cell in cells:
                 if not cell.result_path(roots["results"]).is_file():

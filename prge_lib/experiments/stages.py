@@ -14,6 +14,7 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
 from prge_lib.experiments.grids import GRIDS, STAGES, lr_text
 from prge_lib.experiments.results import read_result
+from prge_lib.experiments.summaries import left_zero_shot
 
 
 class SweepNotDone(ValueError):
@@ -70,6 +71,20 @@ def sweep_edges(grid: str, profile: str, rates: dict) -> list[str]:
             side = "largest" if lr == max(grid_lrs) else "smallest"
             edges.append(f"{task}/{key}: best at the grid's {side} rate {lr_text(lr)}")
     return edges
+
+
+def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS) -> list[str]:
+    """The (task, row) of ``sweep`` with results whose runs all stayed at zero-shot
+    (:func:`~prge_lib.experiments.summaries.left_zero_shot`): their "best" rate is the largest validation score's
+    noise, and seeds confirming it there would confirm noise; said by ``--list``, with the rates tried so far."""
+    tried: dict[tuple, list[tuple[float, bool | None]]] = {}
+    for cell in sweep:
+        if cell.result_path(results).is_file():
+            tried.setdefault((cell.task, cell.row.key), []).append(
+                (cell.lr, left_zero_shot(read_result(cell.result_path(results)))))
+    return [f"{task}/{key}: no run at {', '.join(lr_text(lr) for lr in sorted({lr for lr, _ in runs}))} left "
+            f"zero-shot: its best validation score so far is noise, not a rate to confirm"
+            for (task, key), runs in tried.items() if all(moved is False for _, moved in runs)]
 
 
 def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
