@@ -480,12 +480,13 @@ def test_list_prices_steps_from_the_committed_result_files(monkeypatch):
     one is priced by the stated assumption, which the listing names."""
     from prge_lib.experiments import estimates
 
-    prge = [rp.read_result(p)["step_s"]["median"] for p in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json"))]
-    assert len(prge) == 3 and rp.measured_step_seconds()["prge"] == (statistics.median(prge), 3)
+    prge = [rp.read_result(p)["step_s"]["median"] for p in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json"))
+            + sorted(rp.RESULTS.glob("senszoq/sst2/prge-q4-E16-nf4_*.json"))]
+    assert len(prge) == 4 and rp.measured_step_seconds()["prge"] == (statistics.median(prge), 4)
     assert estimates.step_rate({"method": "mezo", "adapter": "vera"}) > estimates.step_rate({"method": "mezo",
                                                                                               "adapter": "lora"})
     listing = rp.list_cells(rp.grid_cells("table1", "cpu", only="wnli/prge-q4"), rp.RESULTS)      # not run yet
-    assert "seconds per step measured in committed SST-2 cells" in listing and "prge 2.3 s (3)" in listing
+    assert "seconds per step measured in committed SST-2 cells" in listing and "prge 2.3 s (4)" in listing
     monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS: {})
     assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
     assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
