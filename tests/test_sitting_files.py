@@ -208,7 +208,7 @@ def test_a_benchmark_cut_short_measures_only_the_shapes_it_had_not_finished(tiny
     assert main(argv) == 0
     assert measured == [(8, 2), (12, 1), (12, 2)] and path[(8, 1)].read_text() == before[(8, 1)]
     assert "shape L 8, E 1: kept" in capsys.readouterr().err
-    # the same files asked for with other settings (more repeats, or with peaks) are measured again
+    # the same files asked for with another setting (more repeats) are measured again
     measured.clear()
     assert main([*argv[:argv.index("--repeats") + 1], "2", *argv[argv.index("--repeats") + 2:]]) == 0
     assert len(measured) == 4
