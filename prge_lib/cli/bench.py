@@ -5,7 +5,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from prge_lib.cli.common import add_config_options, add_model_options
 from prge_lib.common.provenance import provenance, write_result
@@ -48,21 +47,29 @@ SAME_BENCHMARK = ("kind", "device", "methods", "E", "q", "seq_len", "batches", "
                   "warmup", "peaks")
 
 
-def finished_shape(path: str, expected: dict) -> bool:
-    """Whether ``path`` already holds this shape's result (``prge bench --keep-done``): the same benchmark (every
-    field of :data:`SAME_BENCHMARK`), on the same machine (its GPU's name, or its CPU's without one) and in the
-    same mode (``PRGE_FAST``). A file that is missing, unreadable or made otherwise is measured again."""
+def this_machine() -> str:
+    """The name ``prge bench --keep-done`` compares: this machine's GPU's, or its CPU's without one."""
     from prge_lib.common.provenance import hardware
     from prge_lib.experiments.gpu_results import device_name
 
+    return device_name({"provenance": {"hardware": hardware()}})
+
+
+def finished_shape(path: str, expected: dict, machine: str) -> bool:
+    """Whether ``path`` already holds this shape's result (``prge bench --keep-done``): the same benchmark (every
+    field of :data:`SAME_BENCHMARK`), made on ``machine`` (:func:`this_machine`) and in the same mode
+    (``PRGE_FAST``). A file that is missing, unreadable or made otherwise is measured again."""
+    from prge_lib.experiments.gpu_results import device_name
+    from prge_lib.experiments.results import ResultFileError, read_if_present
+
     try:
-        done = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        done = read_if_present(path)
+    except (OSError, ResultFileError):                  # cut off mid-write, or not a result at all
         return False
-    if not isinstance(done, dict) or any(done.get(key) != expected[key] for key in SAME_BENCHMARK):
+    if done is None or any(done.get(key) != expected[key] for key in SAME_BENCHMARK):
         return False
     try:
-        return device_name(done) == device_name({"provenance": {"hardware": hardware()}}) and \
+        return device_name(done) == machine and \
             done["provenance"].get("fast_mode", "") == os.environ.get("PRGE_FAST", "")
     except (KeyError, TypeError, AttributeError):       # no provenance, or one of another shape
         return False
@@ -88,6 +95,7 @@ def run_bench(args) -> int:
         for q in qs:
             check_zo_settings(q, E)
     spec = {"name": args.model, "dtype": args.dtype, "quant": args.quant, "device": args.device}
+    machine = this_machine() if args.keep_done else None
     for L, E, out in shapes:        # one process for every shape: one start, one set of imports, one CUDA context
         start = time.perf_counter()
         fields = {"kind": "bench", "device": args.device, "methods": names, "E": E, "q": list(qs), "seq_len": L,
@@ -95,7 +103,7 @@ def run_bench(args) -> int:
                   else "synthetic, full length, no padding",
                   "quant": args.quant, "dtype": args.dtype, "model": args.model or EMBEDDED,
                   "repeats": args.repeats, "warmup": args.warmup, "peaks": not args.no_peaks}
-        if args.keep_done and finished_shape(out, fields):
+        if args.keep_done and finished_shape(out, fields, machine):
             print(f"shape L {L}, E {E}: kept {out} (the same benchmark on this machine)", file=sys.stderr)
             continue
         if len(shapes) > 1:
