@@ -62,9 +62,10 @@ def run_reproduce(args) -> int:
         if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
             totals = _confirm_totals(rp, args, pack, roots, overrides)
             print(f"then --stage confirm, which waits for this sweep: {totals}")
-            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, roots["results"])[0]):
+            runs = rp.sweep_runs(cells, roots["results"])       # read once for both notes
+            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs)[0]):
                 print(f"not bracketed: {edge}")
-            for row in rp.untrained_rows(cells, roots["results"]):
+            for row in rp.untrained_rows(cells, runs=runs):
                 print(f"did not train: {row}")
         if args.dry_run:
             for cell in cells:

@@ -39,23 +39,32 @@ def check_stage(grid: str, stage: str) -> str:
     return stage
 
 
-def best_rates(sweep: Iterable[Cell], results: Path = RESULTS) -> tuple[dict, list[Cell]]:
-    """({(task, row key): the rate whose sweep run had the best validation score}, the sweep cells with no result).
+def sweep_runs(sweep: Iterable[Cell], results: Path = RESULTS) -> dict[tuple, list[tuple[Cell, dict | None]]]:
+    """{(task, row key): [(sweep cell, its result read and checked, or None while it has none)]}: the sweep read
+    once, for :func:`best_rates` and :func:`untrained_rows` alike."""
+    runs: dict[tuple, list[tuple[Cell, dict | None]]] = {}
+    for cell in sweep:
+        path = cell.result_path(results)
+        runs.setdefault((cell.task, cell.row.key), []).append((cell, read_result(path) if path.is_file() else None))
+    return runs
+
+
+def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
+               runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> tuple[dict, list[Cell]]:
+    """({(task, row key): the rate whose sweep run had the best validation score}, the sweep cells with no result),
+    from ``runs`` (:func:`sweep_runs`) where the caller has read them already.
 
     Ties go to the smaller rate. A (task, row) with any sweep cell missing gets no rate: its choice would change
     when the missing run came in."""
-    by_row: dict[tuple, list[Cell]] = {}
-    for cell in sweep:
-        by_row.setdefault((cell.task, cell.row.key), []).append(cell)
     rates, missing = {}, []
-    for key, cells in by_row.items():
-        absent = [c for c in cells if not c.result_path(results).is_file()]
+    for key, row in (sweep_runs(sweep, results) if runs is None else runs).items():
+        absent = [cell for cell, record in row if record is None]
         if absent:
             missing += absent
             continue
         scores: dict[float, list[float]] = {}
-        for cell in cells:
-            scores.setdefault(cell.lr, []).append(read_result(cell.result_path(results))["best_val"]["val"])
+        for cell, record in row:
+            scores.setdefault(cell.lr, []).append(record["best_val"]["val"])
         rates[key] = max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr]))
     return rates, missing
 
@@ -73,18 +82,19 @@ def sweep_edges(grid: str, profile: str, rates: dict) -> list[str]:
     return edges
 
 
-def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS) -> list[str]:
+def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS,
+                   runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> list[str]:
     """The (task, row) of ``sweep`` with results whose runs all stayed at zero-shot
     (:func:`~prge_lib.experiments.summaries.left_zero_shot`): their "best" rate is the largest validation score's
-    noise, and seeds confirming it there would confirm noise; said by ``--list``, with the rates tried so far."""
-    tried: dict[tuple, list[tuple[float, bool | None]]] = {}
-    for cell in sweep:
-        if cell.result_path(results).is_file():
-            tried.setdefault((cell.task, cell.row.key), []).append(
-                (cell.lr, left_zero_shot(read_result(cell.result_path(results)))))
-    return [f"{task}/{key}: no run at {', '.join(lr_text(lr) for lr in sorted({lr for lr, _ in runs}))} left "
-            f"zero-shot: its best validation score so far is noise, not a rate to confirm"
-            for (task, key), runs in tried.items() if all(moved is False for _, moved in runs)]
+    noise, and seeds confirming it there would confirm noise; said by ``--list``, with the rates tried so far.
+    ``runs`` (:func:`sweep_runs`) where the caller has read them already."""
+    rows = []
+    for (task, key), row in (sweep_runs(sweep, results) if runs is None else runs).items():
+        done = [(cell.lr, left_zero_shot(record)) for cell, record in row if record is not None]
+        if done and all(moved is False for _, moved in done):
+            rows.append(f"{task}/{key}: no run at {', '.join(lr_text(lr) for lr in sorted({lr for lr, _ in done}))} "
+                        f"left zero-shot: its best validation score so far is noise, not a rate to confirm")
+    return rows
 
 
 def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
