@@ -52,3 +52,20 @@ def test_threshold_claims_compare_the_measured_ratio_with_its_bound():
         verdicts.row("x", "y", "p", "b", "maybe", "t")
     rows = [flat, verdicts.threshold("x", "y", None, None, at_least=1)]
     assert verdicts.counts(rows) == {"reproduced": 1, "not reproduced": 0, "inconclusive": 1}
+
+
+def test_a_row_is_read_from_the_grid_that_tested_it_over_the_most_seeds_ties_to_the_earlier_grid():
+    def rec(n, lr):
+        return {"n": n, "lr": lr}
+
+    one_rate = {("sst2", "senszoq-random-s1e-3"): rec(1, 1e-4), ("sst2", "senszoq-c4-s1e-3"): rec(3, 1e-4)}
+    own_rate = {("sst2", "senszoq-random-s1e-3"): rec(1, 1e-1), ("sst2", "senszoq-c4-s1e-3"): rec(1, 1e-5)}
+    tables = {"senszoq": own_rate, "alternatives": one_rate}
+    assert verdicts.most_seeds("sst2", "senszoq-random-s1e-3", tables) == ("senszoq", rec(1, 1e-1))   # a tie
+    assert verdicts.most_seeds("sst2", "senszoq-c4-s1e-3", tables) == ("alternatives", rec(3, 1e-4))
+    own_rate["sst2", "senszoq-c4-s1e-3"] = rec(3, 1e-5)                                      # its confirm seeds
+    assert verdicts.most_seeds("sst2", "senszoq-c4-s1e-3", tables) == ("senszoq", rec(3, 1e-5))
+    assert verdicts.most_seeds("sst2", "senszoq-c4-s1e-3", dict(reversed(tables.items()))) == \
+        ("alternatives", rec(3, 1e-4))
+    assert verdicts.most_seeds("rte", "senszoq-c4-s1e-3", tables) is None
+    assert verdicts.most_seeds("sst2", "senszoq-c4-s1e-3", {}) is None

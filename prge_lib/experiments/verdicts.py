@@ -32,6 +32,16 @@ def seed_test(a: dict, b: dict, grid_a: str = "table1", grid_b: str | None = Non
                               b, runs_of(grid_b or grid_a, b["task"], b["row"], b["lr"], results))
 
 
+def most_seeds(task: str, key: str, tables: dict[str, dict]) -> tuple[str, dict] | None:
+    """(grid, summary record) of row ``key`` on ``task`` from the grid of ``tables`` ({grid: ``table_of`` of its
+    summary}, in order of preference) whose record has the most seeds; ties go to the earlier grid; None where
+    no grid has the row. Chapter 8 reads each mask from the ``senszoq`` grid (every mask at its own rate) before
+    the ``alternatives`` grid (every mask at the C4 mask's rate), so a mask's confirm seeds replace its one-rate
+    runs in the verdicts as soon as they are as many."""
+    found = [(grid, table[task, key]) for grid, table in tables.items() if (task, key) in table]
+    return max(found, key=lambda pair: (pair[1]["n"], -list(tables).index(pair[0])), default=None)
+
+
 def _untrained(*records: dict) -> list[str]:
     return [r["label"] for r in records if r.get("trained") is False]
 
