@@ -475,18 +475,38 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
 
 
-def test_list_prices_steps_from_the_committed_result_files(monkeypatch):
-    """--list's seconds per step are medians of the committed SST-2 cells' measured steps, and a method without
-    one is priced by the stated assumption, which the listing names."""
+def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path):
+    """--list's seconds per step are medians of the committed SST-2 cells' measured steps, a run that does not price
+    a CPU step alone is left out, and a method without one is priced by the stated assumption, which the listing
+    names."""
     from prge_lib.experiments import estimates
 
-    prge = [rp.read_result(p)["step_s"]["median"] for p in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json"))
-            + sorted(rp.RESULTS.glob("senszoq/sst2/prge-q4-E16-nf4_*.json"))]
-    assert len(prge) == 4 and rp.measured_step_seconds()["prge"] == (statistics.median(prge), 4)
+    made = sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json")) + \
+        sorted(rp.RESULTS.glob("senszoq/sst2/prge-q4-E16-nf4_*.json"))
+    assert len(made) >= 4                                  # the committed P-RGE SST-2 cells, three seeds and more
+    medians = [rp.read_result(p)["step_s"]["median"] for p in made]
+    for path in made:                                       # the same runs, copied where a grid keeps them
+        copy = tmp_path / path.relative_to(rp.RESULTS)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+    run = json.loads(made[0].read_text())
+    decoys = {"rte/prge-q4-E16_lr1e-3_seed7.json": {"task": "rte"},                 # another task
+              "sst2/prge-q4-E16_lr1e-3_seed8.json": {"same_run_as": "alternatives/sst2/x.json"},   # counted once
+              "sst2/prge-q4-E16_lr1e-3_seed9.json": {"packed": {"runs": 8}}}         # a pack's share of a step
+    for name, change in decoys.items():
+        (tmp_path / "table1" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "table1" / name).write_text(json.dumps({**run, **change}))
+    threads = json.loads(json.dumps(run))
+    threads["provenance"]["hardware"]["torch_threads"] = 2                            # not one thread
+    (tmp_path / "table1" / "sst2" / "prge-q4-E16_lr1e-3_seed10.json").write_text(json.dumps(threads))
+    assert rp.measured_step_seconds(tmp_path)["prge"] == (statistics.median(medians), len(made))
+    found = rp.measured_step_seconds()["prge"]
+    assert found[1] >= len(made)
     assert estimates.step_rate({"method": "mezo", "adapter": "vera"}) > estimates.step_rate({"method": "mezo",
                                                                                               "adapter": "lora"})
     listing = rp.list_cells(rp.grid_cells("table1", "cpu", only="wnli/prge-q4"), rp.RESULTS)      # not run yet
-    assert "seconds per step measured in committed SST-2 cells" in listing and "prge 2.3 s (4)" in listing
+    assert "seconds per step measured in committed SST-2 cells" in listing and \
+        f"prge {found[0]:.1f} s ({found[1]})" in listing
     monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS: {})
     assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
     assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
