@@ -78,7 +78,8 @@ def test_training_estimates_follow_the_padded_prompt_length(tmp_path):
     vera = rp.grid_cells("peft", only="mezo-vera_")[0]
     assert rp.estimate_seconds(lora, 1000) < est["sst2/mezo-E16_lr1e-6_seed0"] < rp.estimate_seconds(vera, 1000)
     *_, done, basis = rp.list_cells([lora], tmp_path, tmp_path).splitlines()        # not run there
-    assert done.startswith("0/1 done; about ") and basis.endswith("mezo:lora 2.9 s (2)")
+    seconds, runs = rp.measured_step_seconds()["mezo:lora"]        # the committed ZO-on-LoRA SST-2 cells
+    assert done.startswith("0/1 done; about ") and runs >= 2 and basis.endswith(f"mezo:lora {seconds:.1f} s ({runs})")
 
 
 @pytest.mark.parametrize("call,message", [
