@@ -177,3 +177,18 @@ def test_book_links_chapters_with_markdown_links_not_doc_roles():
         assert "{doc}`" not in text, f"{page.name}: a {{doc}} role; link the chapter as [text](NN_name.md)"
         for target in re.findall(r"\]\(([^)\s#]+)\.md(?:#[^)]*)?\)", text):
             assert target in stems, f"{page.name}: a link to {target}.md, which is not a page of the book"
+
+
+@pytest.mark.parametrize("fast, configured, expected", [
+    ("0", 3600, 3600),      # full mode: the book's own timeout
+    ("1", 3600, 900),       # fast mode: capped, so that a hung kernel costs minutes, not an hour
+    ("1", 60, 60),          # a book timeout below the cap stays
+])
+def test_staged_cell_timeout_is_capped_in_fast_mode(repo, monkeypatch, fast, configured, expected):
+    monkeypatch.setenv("PRGE_FAST", fast)
+    config = repo / "book" / "_config.yml"
+    config.write_text(config.read_text().replace("timeout: 60", f"timeout: {configured}"))
+    stage = _stage(repo)
+    for path in stage.glob("*.ipynb"):
+        assert nbformat.read(path, as_version=4).metadata["execution"]["timeout"] == expected, path.name
+    assert stager["FAST_CELL_TIMEOUT"] == 900

@@ -29,7 +29,9 @@ The staged _config.yml lists the notebooks that already carry outputs from such 
 execute.exclude_patterns, so that `jupyter-book build` does not execute them again. (Its
 "auto" mode alone is not enough: it re-executes any notebook in which one code cell has no
 output, e.g. a cell that only imports.) Each staged notebook also gets the book's per-cell
-timeout in its metadata, where nbmake reads it (nbmake's own default is 300 s).
+timeout in its metadata, where nbmake reads it (nbmake's own default is 300 s). In fast mode that
+timeout is at most FAST_CELL_TIMEOUT: no fast-mode cell takes more than a few minutes, so a cell that
+runs for longer has hung, and tools/test reruns a notebook once after a timeout or a dead kernel.
 
 Links between chapters are Markdown links to the chapter files (`[chapter 2](02_rge.md)`), which JupyterLab
 opens; in the staged copies they point at the staged notebooks (`02_rge.ipynb`), which Sphinx resolves to the
@@ -53,6 +55,8 @@ import jupytext
 import nbformat
 import yaml
 
+from prge_lib.common.settings import fast_mode
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "book"
 STAGE = ROOT / "build" / "book"
@@ -65,6 +69,20 @@ RUN_METADATA = {"execution", "user_expressions"}
 NOT_INPUTS = {"book"}     # data/results/book: the chapters' execution times, written by the build itself
 # names by which chapter code reads result files
 READS_RESULTS = {"RESULTS", "rp", "load_results", "read_if_present", "read_result"}
+
+
+# Seconds per cell in fast mode. The slowest fast-mode chapter takes about 140 s in all on a 2-core
+# CPU (data/results/book/chapter_times.json), so a fast-mode cell past this has hung, not worked.
+FAST_CELL_TIMEOUT = 900
+
+
+def cell_timeout(source: Path = SOURCE) -> int | None:
+    """Seconds per cell for the staged notebooks: the book's execute.timeout, capped at FAST_CELL_TIMEOUT
+    in fast mode (PRGE_FAST), so that a hung kernel costs CI minutes, not the hour a full-mode cell may take."""
+    timeout = (_config(source).get("execute") or {}).get("timeout")
+    if fast_mode():
+        timeout = min(timeout or FAST_CELL_TIMEOUT, FAST_CELL_TIMEOUT)
+    return timeout
 
 
 def settings() -> dict:
@@ -304,7 +322,7 @@ def stage(source: Path = SOURCE, dest: Path = STAGE, verbose: bool = False, libr
     import; results: the result files they read (both only for the dependency fingerprints)."""
     dest.mkdir(parents=True, exist_ok=True)
     code = read_library(library)
-    timeout = (_config(source).get("execute") or {}).get("timeout")
+    timeout = cell_timeout(source)
     chapters = sorted(source.glob(CHAPTERS))
     names = {p.with_suffix(".ipynb").name for p in chapters}
     for old in dest.glob(CHAPTERS.replace(".md", ".ipynb")):
