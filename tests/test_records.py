@@ -68,6 +68,29 @@ def test_every_committed_result_file_validates_under_its_type():
     assert checked["train"] >= 40 and checked["zeroshot"] == 14 and checked["bench"] >= 12, checked
 
 
+def test_a_result_file_keeps_a_list_of_numbers_on_one_line(tmp_path):
+    from prge_lib.common.provenance import result_json, write_result
+
+    result = {"seed": 0, "losses": [0.5, 0.25, float("nan")], "projected_grad": [[1.0, -2.0], [3.5, 4.0]],
+              "evals": [{"step": 0, "val": 0.5}], "empty": {}, "pair": (1, 2), 3: "three", "provenance": {"x": None}}
+    text = write_result(tmp_path / "r.json", result).read_text()
+    assert '  "losses": [0.5, 0.25, NaN],\n' in text and '    [1.0, -2.0],\n    [3.5, 4.0]\n' in text
+    assert '  "evals": [\n    {\n      "step": 0,\n' in text and '"empty": {}' in text and '"3": "three"' in text
+    assert json.loads(text) == json.loads(json.dumps(result, default=str)) != result      # NaN never equals itself
+    assert json.dumps(json.loads(text)) == json.dumps(json.loads(json.dumps(result)))
+    assert result_json([]) == "[]" and result_json({"a": [[]]}) == '{\n  "a": [\n    []\n  ]\n}'
+
+
+def test_every_committed_result_file_is_written_as_write_result_writes_it():
+    """Compact lists keep the repository small enough to travel to a GPU machine (tests/test_sitting.py)."""
+    from prge_lib.common.provenance import result_json
+
+    for path in _committed():
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and "provenance" in record and "seed" in record:
+            assert path.read_text() == result_json(record) + "\n", path
+
+
 def test_committed_files_are_read_with_one_step_time_name():
     for path in _committed():
         text = path.read_text()

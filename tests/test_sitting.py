@@ -254,8 +254,9 @@ def test_a_kept_folder_carries_a_sitting_across_fresh_copies_of_the_repository(t
 def test_the_repository_leaves_room_for_the_models_part_in_one_copy():
     """What travels with every copy to a GPU machine (tracked files and untracked ones git does not ignore) plus
     the embedded model's 48 MiB part must fit one 64 MiB copy, or a sitting needs more copies for the model.
-    Result files of 20,000 steps that keep every step's losses and g (20 times the 1000-step files: about 3.2 MB
-    at q 4, 9.4 MB at q 16) would outgrow it within one task of Table 1."""
+    Result files keep a list of numbers on one line (``result_json``); at 15.1 MiB, with one number per line, the
+    repository had outgrown the room. Result files of 20,000 steps that keep every step's losses and g (20 times
+    the 1000-step files: about 2.4 MB at q 4, 7.1 MB at q 16) would still outgrow it within one task of Table 1."""
     spec = importlib.util.spec_from_file_location("gpu_sitting_tree", REPO / "tools" / "gpu_sitting.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -146,10 +146,27 @@ def atomic_file(path: str | os.PathLike):
         tmp.unlink(missing_ok=True)
 
 
+def result_json(value, level: int = 0) -> str:
+    """``value`` as the JSON of a result file: objects and lists of objects indented by two spaces, but a list of
+    plain values (a run's losses, one step's q projected gradients) on one line. A run of 1000 steps keeps every
+    step's loss and q gradients; one number per line made a quarter of such a file indentation. Objects are
+    not sorted; anything JSON cannot write is written as its ``str``."""
+    inner = "  " * (level + 1)
+    if isinstance(value, dict) and value:
+        # a key as JSON writes it: a number, true, false or null becomes the string of its JSON
+        items = (f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: "
+                 f"{result_json(item, level + 1)}" for key, item in value.items())
+        return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
+    if isinstance(value, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in value):
+        return "[\n" + ",\n".join(inner + result_json(item, level + 1) for item in value) + "\n" + "  " * level + "]"
+    return json.dumps(list(value) if isinstance(value, tuple) else value, default=str)
+
+
 def write_result(path: str | os.PathLike, result: dict) -> Path:
-    """Write ``result`` as JSON atomically (a crash never leaves half a file). It must carry provenance."""
+    """Write ``result`` as JSON (:func:`result_json`) atomically (a crash never leaves half a file). It must carry
+    provenance."""
     if "provenance" not in result or "seed" not in result:
         raise ValueError("a result must carry 'provenance' and 'seed' (see prge_lib.common.provenance.provenance)")
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        tmp.write_text(result_json(result) + "\n")
     return Path(path)
