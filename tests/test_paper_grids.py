@@ -114,6 +114,17 @@ def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, cap
                  *roots]) == 0
     out = capsys.readouterr().out
     assert "6/7 done" in out and "then --stage confirm, which waits for this sweep: 36 cells" in out
+    assert "0/36 done" in out
+    # the row's sweep complete (its best rate the last) and one confirm seed run there: the overview counts it
+    _write(sweep[-1], tmp_path, 0.7)
+    confirm = rp.stage_cells("senszoq", "paper", "confirm", only="sst2/senszoq-c4-s1e-3", results=tmp_path)
+    assert {c.lr for c in confirm} == {sweep[-1].lr} and len(confirm) == 3
+    _write(next(c for c in confirm if c.seed != sweep[-1].seed), tmp_path, 0.65)
+    estimate = rp.confirm_estimate_cells("senszoq", "paper", results=tmp_path)
+    assert len(estimate) == 36 and sum(c.result_path(tmp_path).is_file() for c in estimate) == 1
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--list", *roots]) == 0
+    assert "36 cells beyond the sweep's own (each row's confirm seeds at its best rate); 1/36 done" in \
+        capsys.readouterr().out
     assert main(["reproduce", "table1", "--stage", "confirm", "--list", *roots]) == 2
     assert "grid 'table1' has one stage; the two-stage grids are ['senszoq']" in capsys.readouterr().err
 

@@ -89,9 +89,9 @@ def run_reproduce(args) -> int:
 
 
 def _confirm_totals(rp, args, pack: int, roots: dict, overrides: dict) -> str:
-    """The confirm stage's cells and time, priced before the sweep chooses their rates (a cell's time does not
-    depend on its rate)."""
-    cells = rp.confirm_estimate_cells(args.grid, args.profile, args.model, **overrides)
+    """The confirm stage's cells and time: a row at the rate its finished sweep chose, with its done cells; a row
+    whose sweep is still running at a stand-in rate (a cell's time does not depend on its rate)."""
+    cells = rp.confirm_estimate_cells(args.grid, args.profile, args.model, roots["results"], **overrides)
     return (f"{len(cells)} cells beyond the sweep's own (each row's confirm seeds at its best rate); "
             + rp.list_cells(cells, pack=pack, totals_only=True, **roots))
 

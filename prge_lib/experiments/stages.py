@@ -127,12 +127,16 @@ def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: It
     return select(cells, only)
 
 
-def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, **overrides) -> list[Cell]:
-    """The confirm stage's cells as they will be once the sweep is done, for pricing before it is (a cell's time
-    does not depend on its rate): each row at its grid's first rate, less the sweep's seeds, whose cells at the
-    chosen rate the sweep has run."""
+def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
+                           **overrides) -> list[Cell]:
+    """The confirm stage's cells beyond the sweep's own (its seeds less the sweep's, whose cells at the chosen rate
+    the sweep has run), for pricing and counting before the whole sweep is done: a row whose sweep has all its
+    results (under ``results``) at the rate it chose, so that its done cells count as done; any other row at its
+    grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
+    rates, _ = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results)
     confirm = GRIDS[grid]["confirm_seeds"][profile]
     return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
-            for cell in row_cells(grid, profile, task, row, row.lrs[profile][:1],
+            for cell in row_cells(grid, profile, task, row,
+                                  (rates[task, row.key],) if (task, row.key) in rates else row.lrs[profile][:1],
                                   [s for s in confirm if s not in row.seeds_for(profile, task)], model, "confirm",
                                   **overrides)]
