@@ -86,9 +86,10 @@ def test_every_committed_result_file_is_written_as_write_result_writes_it():
     from prge_lib.common.provenance import result_json
 
     for path in _committed():
-        record = json.loads(path.read_text())
+        text = path.read_text()
+        record = json.loads(text)
         if isinstance(record, dict) and "provenance" in record and "seed" in record:
-            assert path.read_text() == result_json(record) + "\n", path
+            assert text == result_json(record) + "\n", path
 
 
 def test_committed_files_are_read_with_one_step_time_name():
