@@ -28,6 +28,31 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     assert figure_only["verdict"] == verdicts.REPRODUCED and "no numbers in the text" in figure_only["paper"]
 
 
+def test_a_stall_counts_as_the_claimed_outcome_only_for_the_lower_row_and_with_a_reason():
+    c4, blind = record("C4 mask", 70.0), record("random mask", 51.0, trained=False)
+    clear = stats.compare_scores({0: 70, 1: 72, 2: 69}, {0: 51, 1: 52, 2: 51})
+    reason = "no rate up to 1000x the C4 mask's left zero-shot"
+    # without a reason a stalled row leaves the claim open, as for an untuned baseline
+    assert verdicts.ordering(*CLAIM, None, None, c4, blind, clear)["verdict"] == verdicts.INCONCLUSIVE
+    got = verdicts.ordering(*CLAIM, None, None, c4, blind, clear, stall_is_outcome=reason)
+    assert got["verdict"] == verdicts.REPRODUCED
+    assert got["test"].startswith("random mask did not train, the outcome claimed (" + reason) and "paired t(2)" in got["test"]
+    # the paper places b above a: then a is the row whose stall is the outcome
+    flipped = stats.compare_scores({0: 51, 1: 52, 2: 51}, {0: 70, 1: 72, 2: 69})
+    assert verdicts.ordering(*CLAIM, 60.0, 90.0, blind, c4, flipped, stall_is_outcome=reason)["verdict"] == \
+        verdicts.REPRODUCED
+    # the upper row stalling is never the claimed outcome, nor are both stalling
+    assert verdicts.ordering(*CLAIM, 90.0, 60.0, blind, c4, flipped, stall_is_outcome=reason)["test"] == \
+        "did not train: random mask"
+    both = verdicts.ordering(*CLAIM, None, None, record("C4 mask", 51.0, trained=False), blind, clear,
+                             stall_is_outcome=reason)
+    assert both["verdict"] == verdicts.INCONCLUSIVE and both["test"] == "did not train: C4 mask, random mask"
+    # one seed of the stalled row: still untested
+    one = stats.compare_scores({0: 70}, {0: 51})
+    assert verdicts.ordering(*CLAIM, None, None, c4, blind, one, stall_is_outcome=reason)["verdict"] == \
+        verdicts.INCONCLUSIVE
+
+
 def test_equivalence_needs_every_interval_inside_the_margin():
     ref = record("LoRA-FA", 70.0)
     tight = stats.compare_scores({0: 70.5, 1: 71.0, 2: 70.0}, {0: 70.0, 1: 70.4, 2: 69.6})   # CI about ± 0.3

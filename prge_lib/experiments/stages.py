@@ -86,14 +86,16 @@ def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS,
                    runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> list[str]:
     """The (task, row) of ``sweep`` with results whose runs all stayed at zero-shot
     (:func:`~prge_lib.experiments.summaries.left_zero_shot`): their "best" rate is the largest validation score's
-    noise, and seeds confirming it there would confirm noise; said by ``--list``, with the rates tried so far.
+    noise, so seeds confirming it there test only whether the row trains at all (chapter 8's verdicts read them so
+    for a blind mask, whose not training is Guo et al.'s claim); said by ``--list``, with the rates tried so far.
     ``runs`` (:func:`sweep_runs`) where the caller has read them already."""
     rows = []
     for (task, key), row in (sweep_runs(sweep, results) if runs is None else runs).items():
         done = [(cell.lr, left_zero_shot(record)) for cell, record in row if record is not None]
         if done and all(moved is False for _, moved in done):
             rows.append(f"{task}/{key}: no run at {', '.join(lr_text(lr) for lr in sorted({lr for lr, _ in done}))} "
-                        f"left zero-shot: its best validation score so far is noise, not a rate to confirm")
+                        f"left zero-shot: its best validation score so far is noise, so its confirm seeds test "
+                        "whether the row trains at all, not its rate")
     return rows
 
 

@@ -47,11 +47,17 @@ def _untrained(*records: dict) -> list[str]:
 
 
 def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | None, a: dict | None,
-             b: dict | None, result: dict | None) -> dict:
+             b: dict | None, result: dict | None, stall_is_outcome: str | None = None) -> dict:
     """Verdict on "row a scores above (or below) row b", the paper's scores ``paper_a``, ``paper_b`` (None where
     the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
     difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
-    finds none, cannot test (one seed), or a row never trained."""
+    finds none, cannot test (one seed), or a row never trained.
+
+    ``stall_is_outcome``: where the claim is that the lower row does not learn what the upper one does (Guo et
+    al. Fig. 6a: only the sensitive mask trains), the caller's reason why the lower row's stall is that outcome
+    and not a setting left untuned (e.g. its rates reached beyond the paper's own). The lower row staying at
+    zero-shot then goes to the seed test like any score; the upper row's stall still leaves the claim
+    inconclusive."""
     if paper_a is None or paper_b is None:
         paper, paper_gap = "a above b in a figure (no numbers in the text)", 1.0
     else:
@@ -59,10 +65,13 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
     if not (a and b and result):
         return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
     book = f"{a['test_mean']:.1f} vs {b['test_mean']:.1f} ({result['difference']:+.1f})"
-    stalled = _untrained(a, b)
+    upper, lower = (a, b) if paper_gap > 0 else (b, a)
+    stalled, excused = _untrained(a, b), ""
+    if stall_is_outcome and _untrained(lower) and not _untrained(upper):
+        stalled, excused = [], f"{lower['label']} did not train, the outcome claimed ({stall_is_outcome}); "
     if stalled:
         return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
-    test = stats.describe(result)
+    test = excused + stats.describe(result)
     if result["verdict"] != stats.DIFFERENCE:
         return row(claim, source, paper, book, INCONCLUSIVE, test)
     same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_gap)
