@@ -94,6 +94,8 @@ def test_the_confirm_stage_runs_the_sweeps_best_validation_rate(tmp_path):
     assert rp.sweep_edges("senszoq", "paper", edge) == ["rte/senszoq-random-s1e-3: best at the grid's largest "
                                                         "rate 1e-1"]
     assert rp.sweep_edges("senszoq", "paper", rates) == []
+    # ... unless the row never trained: then its "best" rate is noise, and "did not train" says so instead
+    assert rp.sweep_edges("senszoq", "paper", edge, stalled={("rte", "senszoq-random-s1e-3"): [1e-1]}) == []
 
 
 def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, capsys):

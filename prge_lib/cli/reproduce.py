@@ -63,7 +63,8 @@ def run_reproduce(args) -> int:
             totals = _confirm_totals(rp, args, pack, roots, overrides)
             print(f"then --stage confirm, which waits for this sweep: {totals}")
             runs = rp.sweep_runs(cells, roots["results"])       # read once for both notes
-            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs)[0]):
+            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs)[0],
+                                       rp.stalled_rows(cells, runs=runs)):
                 print(f"not bracketed: {edge}")
             for row in rp.untrained_rows(cells, runs=runs):
                 print(f"did not train: {row}")

@@ -69,12 +69,15 @@ def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
     return rates, missing
 
 
-def sweep_edges(grid: str, profile: str, rates: dict) -> list[str]:
+def sweep_edges(grid: str, profile: str, rates: dict, stalled: Iterable[tuple] = ()) -> list[str]:
     """The (task, row) whose chosen rate is the largest or smallest of its grid: a best rate at an edge may lie
-    beyond it, so the grid did not bracket it (said by ``--list``)."""
+    beyond it, so the grid did not bracket it (said by ``--list``). Rows in ``stalled`` (:func:`stalled_rows`) are
+    left out: a row that never trained has no best rate to bracket."""
     rows = {row.key: row for row in GRIDS[grid]["rows"]}
-    edges = []
+    edges, stalled = [], set(stalled)
     for (task, key), lr in rates.items():
+        if (task, key) in stalled:
+            continue
         grid_lrs = rows[key].lrs[profile]
         if len(grid_lrs) > 1 and lr in (min(grid_lrs), max(grid_lrs)):
             side = "largest" if lr == max(grid_lrs) else "smallest"
@@ -89,14 +92,21 @@ def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     noise, so seeds confirming it there test only whether the row trains at all (chapter 8's verdicts read them so
     for a blind mask, whose not training is Guo et al.'s claim); said by ``--list``, with the rates tried so far.
     ``runs`` (:func:`sweep_runs`) where the caller has read them already."""
-    rows = []
-    for (task, key), row in (sweep_runs(sweep, results) if runs is None else runs).items():
+    return [f"{task}/{key}: no run at {', '.join(map(lr_text, rates))} left zero-shot: its best validation score so "
+            "far is noise, so its confirm seeds test whether the row trains at all, not its rate"
+            for (task, key), rates in stalled_rows(sweep, results, runs).items()]
+
+
+def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
+                 runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> dict[tuple, list[float]]:
+    """{(task, row key): the rates tried, ascending} for each row of ``sweep`` with results whose runs all stayed
+    at zero-shot (:func:`untrained_rows` says them; :func:`sweep_edges` leaves them out)."""
+    stalled = {}
+    for key, row in (sweep_runs(sweep, results) if runs is None else runs).items():
         done = [(cell.lr, left_zero_shot(record)) for cell, record in row if record is not None]
         if done and all(moved is False for _, moved in done):
-            rows.append(f"{task}/{key}: no run at {', '.join(lr_text(lr) for lr in sorted({lr for lr, _ in done}))} "
-                        f"left zero-shot: its best validation score so far is noise, so its confirm seeds test "
-                        "whether the row trains at all, not its rate")
-    return rows
+            stalled[key] = sorted({lr for lr, _ in done})
+    return stalled
 
 
 def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
