@@ -344,6 +344,17 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
     assert records["fo-lorafa"]["trained"] is False and records["prge-q4-E16"]["fo_gain_share"] is None
     _, md_path = rp.write_summary("table1", tmp_path)
     assert "Share of first-order LoRA-FA's gain" not in md_path.read_text()
+    # a second rate for MeZO (Full) that stays at zero-shot too, and one for P-RGE that does: the lr note says where
+    # no rate of a row trained (its choice is noise), and only there
+    for row, method, lr, best in (("mezo-E16", "mezo", 1e-7, 0.51), ("prge-q4-E16", "prge", 1e-4, 0.51)):
+        (folder / f"{row}_lr{rp.lr_text(lr)}_seed0.json").write_text(json.dumps(result(row, method, lr, 0, 0.5,
+                                                                                       best, 0.5)))
+    records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
+    assert records["mezo-E16"]["lrs_trained"] == [] and records["prge-q4-E16"]["lrs_trained"] == [1e-3]
+    assert records["zeroshot"]["lrs_trained"] == []
+    assert rp.lr_note(records["mezo-E16"]) == ("lr 1e-6 chosen on validation from {1e-7, 1e-6}, where no rate "
+                                               "trained: the choice is the noise of a validation score")
+    assert rp.lr_note(records["prge-q4-E16"]) == "lr 1e-3 chosen on validation from {1e-4, 1e-3}"
 
 
 def test_device_runs_the_same_cell():

@@ -179,6 +179,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
     minutes per run (:func:`training_seconds`; None for zero-shot rows) and where the runs ran (``device``:
     "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). ``trained`` is
     False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows),
+    ``lrs_trained`` the rates tried at which some run did (None where a run recorded no start),
     ``majority`` the test split's commonest-answer rate in % (:func:`majority_rate`), ``fo_gain_share`` and
     ``paper_fo_gain_share`` as :func:`_add_gain_shares` sets them. Runs of one (task, row) that were set to
     different step counts are an error: their scores do not average."""
@@ -216,6 +217,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
+            "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
             "gpu_noise": "+".join(sorted({(r.get("config") or {}).get("noise") or "torch" for r in runs
@@ -225,6 +227,15 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         })
     _add_gain_shares(records)
     return records
+
+
+def _rates_that_trained(by_lr: dict) -> list[float] | None:
+    """The learning rates at which at least one run left zero-shot; None where some run cannot tell (no step-0
+    score recorded)."""
+    moved = {lr: [left_zero_shot(r) for r in runs] for lr, runs in by_lr.items() if lr is not None}
+    if any(None in flags for flags in moved.values()):
+        return None
+    return sorted(lr for lr, flags in moved.items() if any(flags))
 
 
 def _selection_score(grid: str, profile: str, task: str, row: str, runs: list[dict]) -> float:
@@ -280,11 +291,14 @@ def format_score(record: dict) -> str:
 
 def lr_note(record: dict) -> str:
     """How a record's learning rate was set: "lr 1e-3 chosen on validation from {1e-4, 1e-3}" where several were
-    tried, "lr 1e-3 (one rate tried)" where one was."""
+    tried (saying so where no run at any of them left zero-shot), "lr 1e-3 (one rate tried)" where one was."""
     if record["lr"] is None:
         return "no training"
     if len(record["lrs_tried"]) > 1:
-        return f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, record['lrs_tried']))}}}"
+        chosen = f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, record['lrs_tried']))}}}"
+        if record.get("lrs_trained") == []:
+            return f"{chosen}, where no rate trained: the choice is the noise of a validation score"
+        return chosen
     return f"lr {lr_text(record['lr'])} (one rate tried)"
 
 

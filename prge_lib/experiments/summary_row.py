@@ -19,6 +19,7 @@ class SummaryRow(TypedDict):
     test_min: float
     test_max: float
     lrs_tried: list[float]
+    lrs_trained: list[float] | None   # the rates at which some run left zero-shot (None: a run without a start)
     train_min: float | None     # mean training minutes per run (None: zero-shot rows)
     device: str                 # "cpu", "cuda" or "cpu+cuda"
     gpu_noise: str | None       # where the GPU runs' ZO noise came from ("torch", "counter"; None: no GPU run)
