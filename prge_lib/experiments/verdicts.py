@@ -45,8 +45,8 @@ def most_seeds(task: str, key: str, tables: dict[str, dict]) -> tuple[str, dict]
 
 def _too_few_seeds(result: dict) -> bool:
     """Whether a seed test (:func:`stats.compare_scores`) had fewer than ``MIN_SEEDS`` seeds on either side."""
-    sides = result["n"] if isinstance(result.get("n"), tuple) else (result.get("n"),) * 2
-    return any(n is None or n < MIN_SEEDS for n in sides)
+    n = result["n"]                                      # paired: one count; Welch and untested: one per side
+    return min(n if isinstance(n, tuple) else (n,)) < MIN_SEEDS
 
 
 SEEDS_NEEDED = f"at least {MIN_SEEDS} seeds a side needed for a verdict"
