@@ -284,6 +284,15 @@ def test_bad_input_is_refused_in_one_line(changes, message, fixture_data, tiny_f
     assert code == 2 and message in err[-1], err
 
 
+def test_the_summary_command_names_a_missing_folder(tmp_path, capsys):
+    from prge_lib.experiments.federated_summary import main as summary_main
+
+    with pytest.raises(SystemExit) as stop:
+        summary_main([str(tmp_path / "absent")])
+    assert stop.value.code == 2 and "absent' does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists()
+
+
 def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_path):
     from prge_lib.experiments.federated_summary import write_summary
 
@@ -303,6 +312,13 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert abs(tests[("iid", "centralised")]["difference"] - 1.0) < 1e-9
     assert tests[("label-skew", "centralised")]["verdict"] == "difference"             # −10, −11, −11 points
     assert summary["rows"]["iid"]["final"]["n"] == 3 and "no difference detected" in (tmp_path / "summary.md").read_text()
+    # two seeds: the label-skew gap still has p < 0.05, but two seeds a side are not called a difference
+    from prge_lib.experiments import stats
+    from prge_lib.experiments.federated_summary import paired_test, read_runs
+    runs = read_runs(tmp_path)
+    two = paired_test({s: runs["label-skew"][s] for s in (0, 1)}, {s: runs["centralised"][s] for s in (0, 1)},
+                      "label-skew", "centralised")
+    assert two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS
     # accuracy against the clients a round: C 2 is the iid run, the others come from clients/, paired C max − C min
     assert list(summary["clients"]["rows"]) == ["2"] and summary["clients"]["test"] is None
     (tmp_path / "clients").mkdir()

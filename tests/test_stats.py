@@ -57,8 +57,16 @@ def test_compare_scores_picks_the_test_and_the_word():
     clear = stats.compare_scores({0: 80, 1: 81, 2: 82}, {0: 70, 1: 70, 2: 70})
     assert clear["statistic"] == pytest.approx(11 * math.sqrt(3))
     assert clear["p"] == pytest.approx(1 - 11 * math.sqrt(3) / math.sqrt(363 + 2)) and clear["verdict"] == stats.DIFFERENCE
-    other_seeds = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71})
+    other_seeds = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71, 5: 72})
     assert other_seeds["test"] == "Welch t" and other_seeds["verdict"] == stats.DIFFERENCE
+    # the same gap with two seeds on one side: tested (p < ALPHA) but not called a difference
+    two = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71})
+    assert two["test"] == "Welch t" and two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS
+    paired_two = stats.compare_scores({0: 80, 1: 82}, {0: 70, 1: 71})
+    assert paired_two["p"] < stats.ALPHA and paired_two["verdict"] == stats.FEW_SEEDS
+    assert stats.describe(two).endswith(": " + stats.FEW_SEEDS)
+    # no difference shown needs no seed count: a large p is reported as such on two seeds
+    assert stats.compare_scores({0: 80, 1: 60}, {0: 70, 1: 71})["verdict"] == stats.NO_DIFFERENCE
     one = stats.compare_scores({0: 80}, {0: 70, 1: 71, 2: 72})
     assert one["verdict"] == stats.UNTESTED and one["p"] is None and one["difference"] == pytest.approx(9)
     # identical differences: a zero standard error, the difference is certain

@@ -1,7 +1,7 @@
 """The summary of the federated SST-2 runs (chapter 11; ``tools/run_federated``): per configuration (centralised,
 federated iid, federated label-skew) the test accuracy over seeds (mean ± sd), and paired t tests over seeds of
 federated − centralised and label-skew − iid (:func:`prge_lib.experiments.stats.paired`); a p of 0.05 or more
-reads "no difference detected". Beside them, accuracy against the clients a round (``clients/``,
+reads "no difference detected", and a smaller one on fewer than three seeds is not called a difference. Beside them, accuracy against the clients a round (``clients/``,
 ``tools/run_federated_clients``) and when uploads are lost or late (``uploads/``,
 ``tools/run_federated_uploads``). Written as ``summary.json`` and ``summary.md`` beside the runs.
 
@@ -9,14 +9,14 @@ reads "no difference detected". Beside them, accuracy against the clients a roun
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file
-from prge_lib.experiments.stats import DIFFERENCE, paired, verdict_of
+from prge_lib.experiments.stats import NO_DIFFERENCE, paired, verdict_of
 
 CONFIGS = ("centralised", "iid", "label-skew")
 LABELS = {"centralised": "centralised P-RGE (same batches as iid)", "iid": "federated, iid shards",
@@ -43,8 +43,9 @@ def paired_test(a_runs: dict[int, dict], b_runs: dict[int, dict], a: str, b: str
     if len(seeds) < 2:
         return {"a": a, "b": b, "seeds": seeds, "verdict": "fewer than 2 paired seeds: untested"}
     result = paired([100 * a_runs[s]["final"]["test"] for s in seeds], [100 * b_runs[s]["final"]["test"] for s in seeds])
+    verdict = verdict_of(result["p"], len(seeds))          # a p below ALPHA on two seeds is not a difference
     return result | {"a": a, "b": b, "seeds": seeds,
-                     "verdict": "difference" if verdict_of(result["p"]) == DIFFERENCE else "no difference detected"}
+                     "verdict": "no difference detected" if verdict == NO_DIFFERENCE else verdict}
 
 
 def _spread(values: list[float]) -> dict:
@@ -211,5 +212,18 @@ def write_summary(folder: str | Path) -> dict:
     return summary
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prge_lib.experiments.federated_summary",
+                                     description="Write summary.json and summary.md of the federated runs in a "
+                                                 "folder and print the markdown.")
+    parser.add_argument("folder", nargs="?", default=str(FOLDER),
+                        help="the folder of <config>_seed<N>.json runs (default: the committed federated results)")
+    args = parser.parse_args(argv)
+    if not Path(args.folder).is_dir():
+        parser.error(f"folder {args.folder!r} does not exist: give the folder that tools/run_federated wrote")
+    print(markdown(write_summary(args.folder)), end="")
+    return 0
+
+
 if __name__ == "__main__":
-    print(markdown(write_summary(sys.argv[1] if len(sys.argv) > 1 else FOLDER)))
+    raise SystemExit(main())

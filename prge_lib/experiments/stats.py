@@ -4,7 +4,8 @@ A seed fixes a run's data sample and its LoRA-A initialisation, so two rows run 
 :func:`paired` tests the mean of the per-seed differences (paired t, and a percentile bootstrap over the seeds
 when there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t
 test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict: "difference" only when the
-two-sided p value is below ``ALPHA``. Student's t distribution is computed here from the regularized incomplete
+two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
+three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Student's t distribution is computed here from the regularized incomplete
 beta function (:func:`t_sf`, :func:`t_quantile`).
 """
 from __future__ import annotations
@@ -17,7 +18,9 @@ import statistics
 ALPHA = 0.05
 BOOTSTRAP_MIN_N = 5
 BOOTSTRAP_DRAWS = 20_000
+MIN_SEEDS = 3
 DIFFERENCE, NO_DIFFERENCE, UNTESTED = "difference", "no difference shown", "one seed: untested"
+FEW_SEEDS = f"p below {ALPHA:g} on fewer than {MIN_SEEDS} seeds a side: not called a difference"
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -141,11 +144,21 @@ def welch(a: list[float], b: list[float]) -> dict:
             "ci": ci, "bootstrap_ci": None}
 
 
-def verdict_of(p: float | None) -> str:
-    """The word for a two-sided p value: DIFFERENCE below ALPHA, NO_DIFFERENCE otherwise, UNTESTED for None."""
+def fewest_seeds(result: dict) -> int:
+    """The smaller side's seed count of a test from :func:`compare_scores` (a paired test has one count)."""
+    n = result["n"]
+    return min(n) if isinstance(n, tuple) else n
+
+
+def verdict_of(p: float | None, fewest: int) -> str:
+    """The word for a two-sided p value from a test with ``fewest`` seeds on its smaller side: DIFFERENCE below
+    ALPHA with at least MIN_SEEDS seeds a side, FEW_SEEDS below ALPHA with fewer, NO_DIFFERENCE otherwise,
+    UNTESTED for None."""
     if p is None:
         return UNTESTED
-    return DIFFERENCE if p < ALPHA else NO_DIFFERENCE
+    if p >= ALPHA:
+        return NO_DIFFERENCE
+    return DIFFERENCE if fewest >= MIN_SEEDS else FEW_SEEDS
 
 
 def compare_scores(a: dict[int, float], b: dict[int, float]) -> dict:
@@ -160,7 +173,7 @@ def compare_scores(a: dict[int, float], b: dict[int, float]) -> dict:
         result = {"test": "none", "n": (len(a), len(b)),
                   "difference": statistics.fmean(a.values()) - statistics.fmean(b.values()),
                   "statistic": None, "df": None, "p": None, "ci": None, "bootstrap_ci": None}
-    result["verdict"] = verdict_of(result["p"])
+    result["verdict"] = verdict_of(result["p"], fewest_seeds(result))
     return result
 
 

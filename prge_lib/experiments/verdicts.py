@@ -17,7 +17,6 @@ REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inco
 # a parameter space is "as accurate" as LoRA-FA when the 95% interval of the difference lies within this many
 # points: Gao et al. (arXiv) Table 7's four spaces span 1.1 points, and three such spans are allowed
 EQUIVALENCE_POINTS = 3.0
-MIN_SEEDS = 3           # an accuracy verdict rests on at least this many seeds a side; fewer leaves it inconclusive
 
 
 def row(claim: str, source: str, paper: str, book: str, verdict: str, test: str) -> dict:
@@ -43,13 +42,7 @@ def most_seeds(task: str, key: str, tables: dict[str, dict]) -> tuple[str, dict]
     return max(found, key=lambda pair: (pair[1]["n"], -list(tables).index(pair[0])), default=None)
 
 
-def _too_few_seeds(result: dict) -> bool:
-    """Whether a seed test (:func:`stats.compare_scores`) had fewer than ``MIN_SEEDS`` seeds on either side."""
-    n = result["n"]                                      # paired: one count; Welch and untested: one per side
-    return min(n if isinstance(n, tuple) else (n,)) < MIN_SEEDS
-
-
-SEEDS_NEEDED = f"at least {MIN_SEEDS} seeds a side needed for a verdict"
+SEEDS_NEEDED = f"at least {stats.MIN_SEEDS} seeds a side needed for a verdict"
 
 
 def _untrained(*records: dict) -> list[str]:
@@ -61,7 +54,8 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
     """Verdict on "row a scores above (or below) row b", the paper's scores ``paper_a``, ``paper_b`` (None where
     the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
     difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
-    finds none, cannot test (one seed), has fewer than ``MIN_SEEDS`` seeds a side, or a row never trained.
+    finds none, cannot test (one seed), has fewer than ``stats.MIN_SEEDS`` seeds a side (its word is then
+    ``stats.FEW_SEEDS``, not a difference), or a row never trained.
 
     ``stall_is_outcome``: where the claim is that the lower row does not learn what the upper one does (Guo et
     al. Fig. 6a: only the sensitive mask trains), the caller's reason why the lower row's stall is that outcome
@@ -84,8 +78,6 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
     test = excused + stats.describe(result)
     if result["verdict"] != stats.DIFFERENCE:
         return row(claim, source, paper, book, INCONCLUSIVE, test)
-    if _too_few_seeds(result):
-        return row(claim, source, paper, book, INCONCLUSIVE, f"{test} ({SEEDS_NEEDED})")
     same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_gap)
     return row(claim, source, paper, book, REPRODUCED if same_sign else NOT_REPRODUCED, test)
 
@@ -95,7 +87,7 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
     """Verdict on "these rows are as accurate as ``reference``": ``others`` holds (record, test against the
     reference) pairs. REPRODUCED when every test's 95% interval lies within ± ``margin`` points, NOT_REPRODUCED
     when a test finds a difference larger than ``margin``, INCONCLUSIVE otherwise (untested, too wide, fewer than
-    ``MIN_SEEDS`` seeds a side, or a row that never trained)."""
+    ``stats.MIN_SEEDS`` seeds a side, or a row that never trained)."""
     if not reference or not others:
         return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
     book = ", ".join(f"{r['label']} {r['test_mean']:.1f}" for r in (reference, *(o for o, _ in others)))
@@ -103,7 +95,7 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
     if stalled:
         return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
     tests = "; ".join(f"{o['label']}: {stats.describe(t)}" for o, t in others)
-    if any(_too_few_seeds(t) for _, t in others if t["verdict"] != stats.UNTESTED):
+    if any(stats.fewest_seeds(t) < stats.MIN_SEEDS for _, t in others if t["verdict"] != stats.UNTESTED):
         return row(claim, source, paper, book, INCONCLUSIVE, f"{tests} ({SEEDS_NEEDED})")
     if any(t["verdict"] == stats.DIFFERENCE and abs(t["difference"]) > margin for _, t in others):
         return row(claim, source, paper, book, NOT_REPRODUCED, f"{tests} (margin ± {margin:g} points)")
