@@ -1,6 +1,7 @@
 """Known answers for prge_lib.experiments.stats: closed forms of the t distribution, Student's sleep data
 (paired and Welch, the textbook example every statistics package documents), Welch's df by hand."""
 import math
+import statistics
 
 import pytest
 
@@ -78,3 +79,16 @@ def test_bootstrap_enumerates_small_samples():
     # n = 3: 27 equally likely resamples; their means run from 0 to 3, the 2.5% and 97.5% points are 0 and 3
     assert stats.bootstrap_interval([0.0, 1.5, 3.0]) == (0.0, 3.0)
     assert stats.paired([1, 2, 3], [0, 0, 0])["bootstrap_ci"] is None     # fewer than BOOTSTRAP_MIN_N seeds
+
+
+def test_seeds_needed_matches_the_standard_power_tables():
+    # G*Power's sample sizes for a two-sided t test at alpha 0.05 and 80% power: paired, effect d = 1: 10 pairs,
+    # d = 2: 5; two independent groups, d = 1: 17 a group, d = 0.5: 64
+    assert stats.seeds_needed({"sd": 1.0}, 1.0) == 10 and stats.seeds_needed({"sd": 0.5}, 1.0) == 5
+    assert stats.seeds_needed({"sd": (1.0, 1.0)}, 1.0) == 17 and stats.seeds_needed({"sd": (1.0, 1.0)}, -0.5) == 64
+    # never below the seed rule's three; none without a spread, or past MAX_SEEDS
+    assert stats.seeds_needed({"sd": 0.01}, 1.0) == stats.MIN_SEEDS
+    assert stats.seeds_needed({"sd": None}, 1.0) is None and stats.seeds_needed({"sd": 100.0}, 0.01) is None
+    # the power it plans for: d = 1 with 10 pairs is just above 0.8, with 9 just below
+    assert stats.power(1.0, 1 / math.sqrt(10), 9) >= 0.8 > stats.power(1.0, 1 / math.sqrt(9), 8)
+    assert stats.paired([80, 60, 75], [70, 71, 69])["sd"] == pytest.approx(statistics.stdev([10, -11, 6]))

@@ -19,6 +19,10 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     noisy = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69})
     got = verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, noisy)
     assert got["verdict"] == verdicts.INCONCLUSIVE and "paired t(2)" in got["test"] and got["paper"] == "89.1 vs 87.5 (+1.6)"
+    # differences 10, -11, 6: sd 11.2; the paper's +1.6 then needs about 384 paired seeds (80% power)
+    assert got["test"].endswith("; the paper's gap (+1.6) needs about 384 seeds a side to be found at this spread "
+                                "(80% power)")
+    assert stats.seeds_needed(noisy, 1.6) == 384
     one = stats.compare_scores({0: 80}, {0: 70})
     assert verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, one)["test"].endswith(stats.UNTESTED)
     stalled = verdicts.ordering(*CLAIM, 89.1, 87.5, a, record("MeZO", 70.0, trained=False), clear)
@@ -30,7 +34,7 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     two = stats.compare_scores({0: 80, 1: 81}, {0: 70, 1: 71, 2: 69})
     few = verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, two)
     assert two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS and few["verdict"] == verdicts.INCONCLUSIVE
-    assert few["test"].startswith("+") and few["test"].endswith(stats.FEW_SEEDS)
+    assert few["test"].startswith("+") and stats.FEW_SEEDS + "; the paper's gap (+1.6) needs about" in few["test"]
 
 
 def test_a_stall_counts_as_the_claimed_outcome_only_for_the_lower_row_and_with_a_reason():

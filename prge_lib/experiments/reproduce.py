@@ -18,7 +18,8 @@ validation and report the test score over the seeds. This module gathers the nam
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
 - :mod:`~prge_lib.experiments.runner`: running cells locally or on Ray (``run_cell``, ``run_pack``, ``run_grid``);
 - :mod:`~prge_lib.experiments.summaries`: the tables from the results (``summarize``, ``runs_of``, ``write_summary``);
-- :mod:`~prge_lib.experiments.stats`: whether two rows differ over seeds (``compare_rows``, ``describe``).
+- :mod:`~prge_lib.experiments.stats`: whether two rows differ over seeds (``compare_rows``, ``describe``), and how
+  many seeds would find a gap (``seeds_needed``).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, c
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, stalled_rows, sweep_edges, sweep_runs, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
-from prge_lib.experiments.stats import compare_rows, compare_scores, describe
+from prge_lib.experiments.stats import MAX_SEEDS, compare_rows, compare_scores, describe, seeds_needed
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
                                             lr_note, majority_rate, memory_beyond, paper_memory_beyond, runs_of,
                                             runtime_answers, summarize, summary_markdown, table_of,
@@ -65,7 +66,7 @@ __all__ = [
     "twin_result", "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "adopt_twin", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",
-    "compare_rows", "compare_scores", "describe",
+    "compare_rows", "compare_scores", "describe", "seeds_needed", "MAX_SEEDS",
     "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
     "memory_beyond", "paper_memory_beyond", "runs_of", "runtime_answers", "summarize", "summary_markdown",
     "table_of", "training_seconds", "write_summary",

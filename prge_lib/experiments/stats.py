@@ -5,7 +5,9 @@ A seed fixes a run's data sample and its LoRA-A initialisation, so two rows run 
 when there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t
 test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict: "difference" only when the
 two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
-three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Student's t distribution is computed here from the regularized incomplete
+three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
+difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
+(power ``POWER``). Student's t distribution is computed here from the regularized incomplete
 beta function (:func:`t_sf`, :func:`t_quantile`).
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ ALPHA = 0.05
 BOOTSTRAP_MIN_N = 5
 BOOTSTRAP_DRAWS = 20_000
 MIN_SEEDS = 3
+POWER = 0.8              # the chance of detecting a true gap that seeds_needed plans for
+MAX_SEEDS = 10_000       # seeds_needed gives up beyond this many seeds a side
 DIFFERENCE, NO_DIFFERENCE, UNTESTED = "difference", "no difference shown", "one seed: untested"
 FEW_SEEDS = f"p below {ALPHA:g} on fewer than {MIN_SEEDS} seeds a side: not called a difference"
 
@@ -121,7 +125,7 @@ def paired(a: list[float], b: list[float]) -> dict:
     n, mean = len(diffs), statistics.fmean(diffs)
     t, p, ci = _t_test(mean, statistics.stdev(diffs) / math.sqrt(n), n - 1)
     return {"test": "paired t", "n": n, "difference": mean, "statistic": t, "df": n - 1, "p": p, "ci": ci,
-            "bootstrap_ci": bootstrap_interval(diffs) if n >= BOOTSTRAP_MIN_N else None}
+            "sd": statistics.stdev(diffs), "bootstrap_ci": bootstrap_interval(diffs) if n >= BOOTSTRAP_MIN_N else None}
 
 
 def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
@@ -141,7 +145,35 @@ def welch(a: list[float], b: list[float]) -> dict:
     mean = statistics.fmean(a) - statistics.fmean(b)
     t, p, ci = _t_test(mean, math.sqrt(var_a / len(a) + var_b / len(b)), df)
     return {"test": "Welch t", "n": (len(a), len(b)), "difference": mean, "statistic": t, "df": df, "p": p,
-            "ci": ci, "bootstrap_ci": None}
+            "ci": ci, "sd": (math.sqrt(var_a), math.sqrt(var_b)), "bootstrap_ci": None}
+
+
+def power(gap: float, se: float, df: float) -> float:
+    """The chance that a two-sided t test at ALPHA finds a true difference ``gap`` whose estimate has standard
+    error ``se`` on ``df`` degrees of freedom: P(T > t_{1-ALPHA/2} - |gap| / se), the shifted central t that
+    stands in for the noncentral one (the far tail, below -t_{1-ALPHA/2}, is left out)."""
+    if se == 0:
+        return 1.0 if gap else ALPHA
+    return t_sf(t_quantile(1 - ALPHA / 2, df) - abs(gap) / se, df)
+
+
+def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
+    """How many seeds a side a test like ``result`` (:func:`paired` or :func:`welch`) needs to detect a true
+    difference ``gap`` with probability ``target``, at the spread it observed: the sd of the per-seed differences
+    (paired, n - 1 df) or of each row (Welch, n seeds on each side); at least MIN_SEEDS; None beyond MAX_SEEDS or
+    for a test without a spread (one seed)."""
+    sd = result.get("sd")
+    if sd is None or gap == 0:
+        return None
+    for n in range(MIN_SEEDS, MAX_SEEDS + 1):
+        if isinstance(sd, tuple):
+            var_a, var_b = sd[0] ** 2, sd[1] ** 2
+            se, df = math.sqrt((var_a + var_b) / n), welch_df(var_a, n, var_b, n)
+        else:
+            se, df = sd / math.sqrt(n), n - 1
+        if power(gap, se, df) >= target:
+            return n
+    return None
 
 
 def fewest_seeds(result: dict) -> int:

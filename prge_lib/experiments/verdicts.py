@@ -45,6 +45,17 @@ def most_seeds(task: str, key: str, tables: dict[str, dict]) -> tuple[str, dict]
 SEEDS_NEEDED = f"at least {stats.MIN_SEEDS} seeds a side needed for a verdict"
 
 
+def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -> str:
+    """Where a seed test found no difference: how many seeds a side would detect the paper's gap at the spread
+    the test observed (:func:`stats.seeds_needed`), or "" where the paper gives no numbers or the test no spread."""
+    if paper_a is None or paper_b is None or result.get("sd") is None or paper_a == paper_b:
+        return ""
+    gap, n = paper_a - paper_b, stats.seeds_needed(result, paper_a - paper_b)
+    need = f"about {n}" if n is not None else f"more than {stats.MAX_SEEDS:,}"
+    return (f"; the paper's gap ({gap:+.1f}) needs {need} seeds a side to be found at this spread "
+            f"({stats.POWER:.0%} power)")
+
+
 def _untrained(*records: dict) -> list[str]:
     return [r["label"] for r in records if r.get("trained") is False]
 
@@ -55,7 +66,8 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
     the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
     difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
     finds none, cannot test (one seed), has fewer than ``stats.MIN_SEEDS`` seeds a side (its word is then
-    ``stats.FEW_SEEDS``, not a difference), or a row never trained.
+    ``stats.FEW_SEEDS``, not a difference), or a row never trained. A test that found no difference of a claim
+    with the paper's numbers adds how many seeds a side would find the paper's gap at the spread observed.
 
     ``stall_is_outcome``: where the claim is that the lower row does not learn what the upper one does (Guo et
     al. Fig. 6a: only the sensitive mask trains), the caller's reason why the lower row's stall is that outcome
@@ -77,7 +89,7 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
         return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
     test = excused + stats.describe(result)
     if result["verdict"] != stats.DIFFERENCE:
-        return row(claim, source, paper, book, INCONCLUSIVE, test)
+        return row(claim, source, paper, book, INCONCLUSIVE, test + _seeds_for_gap(result, paper_a, paper_b))
     same_sign = math.copysign(1, result["difference"]) == math.copysign(1, paper_gap)
     return row(claim, source, paper, book, REPRODUCED if same_sign else NOT_REPRODUCED, test)
 
