@@ -89,6 +89,7 @@ def test_seeds_needed_matches_the_standard_power_tables():
     # never below the seed rule's three; none without a spread, or past MAX_SEEDS
     assert stats.seeds_needed({"sd": 0.01}, 1.0) == stats.MIN_SEEDS
     assert stats.seeds_needed({"sd": None}, 1.0) is None and stats.seeds_needed({"sd": 100.0}, 0.01) is None
+    assert stats.seeds_words(94) == "about 94" and stats.seeds_words(None) == "more than 10,000"
     # the power it plans for: d = 1 with 10 pairs is just above 0.8, with 9 just below
     assert stats.power(1.0, 1 / math.sqrt(10), 9) >= 0.8 > stats.power(1.0, 1 / math.sqrt(9), 8)
     assert stats.paired([80, 60, 75], [70, 71, 69])["sd"] == pytest.approx(statistics.stdev([10, -11, 6]))

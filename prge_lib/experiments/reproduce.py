@@ -43,7 +43,7 @@ from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, c
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
                                          stage_cells, stalled_rows, sweep_edges, sweep_runs, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
-from prge_lib.experiments.stats import MAX_SEEDS, compare_rows, compare_scores, describe, seeds_needed
+from prge_lib.experiments.stats import compare_rows, compare_scores, describe, seeds_needed, seeds_words
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
                                             lr_note, majority_rate, memory_beyond, paper_memory_beyond, runs_of,
                                             runtime_answers, summarize, summary_markdown, table_of,
@@ -66,7 +66,7 @@ __all__ = [
     "twin_result", "validate_result",
     "BACKENDS", "EMBEDDED_MODEL", "adopt_twin", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",
-    "compare_rows", "compare_scores", "describe", "seeds_needed", "MAX_SEEDS",
+    "compare_rows", "compare_scores", "describe", "seeds_needed", "seeds_words",
     "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
     "memory_beyond", "paper_memory_beyond", "runs_of", "runtime_answers", "summarize", "summary_markdown",
     "table_of", "training_seconds", "write_summary",

@@ -176,6 +176,11 @@ def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     return None
 
 
+def seeds_words(n: int | None) -> str:
+    """A :func:`seeds_needed` count in words: "about 94", or "more than 10,000" where it gave up."""
+    return f"about {n}" if n is not None else f"more than {MAX_SEEDS:,}"
+
+
 def fewest_seeds(result: dict) -> int:
     """The smaller side's seed count of a test from :func:`compare_scores` (a paired test has one count)."""
     n = result["n"]

@@ -50,10 +50,9 @@ def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -
     the test observed (:func:`stats.seeds_needed`), or "" where the paper gives no numbers or the test no spread."""
     if paper_a is None or paper_b is None or result.get("sd") is None or paper_a == paper_b:
         return ""
-    gap, n = paper_a - paper_b, stats.seeds_needed(result, paper_a - paper_b)
-    need = f"about {n}" if n is not None else f"more than {stats.MAX_SEEDS:,}"
-    return (f"; the paper's gap ({gap:+.1f}) needs {need} seeds a side to be found at this spread "
-            f"({stats.POWER:.0%} power)")
+    gap = paper_a - paper_b
+    return (f"; the paper's gap ({gap:+.1f}) needs {stats.seeds_words(stats.seeds_needed(result, gap))} seeds a "
+            f"side to be found at this spread ({stats.POWER:.0%} power)")
 
 
 def _untrained(*records: dict) -> list[str]:
