@@ -165,7 +165,14 @@ def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     sd = result.get("sd")
     if sd is None or gap == 0:
         return None
-    for n in range(MIN_SEEDS, MAX_SEEDS + 1):
+    # the normal test's count is a lower bound for a target above one half (t's quantile and tails are larger):
+    # the search starts there, and gives up at once past MAX_SEEDS
+    spread = math.hypot(*sd) if isinstance(sd, tuple) else sd
+    z = statistics.NormalDist()
+    lower = math.floor(((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * spread / gap) ** 2)
+    if lower > MAX_SEEDS:
+        return None
+    for n in range(max(MIN_SEEDS, lower), MAX_SEEDS + 1):
         if isinstance(sd, tuple):
             var_a, var_b = sd[0] ** 2, sd[1] ** 2
             se, df = math.sqrt((var_a + var_b) / n), welch_df(var_a, n, var_b, n)
