@@ -71,6 +71,13 @@ def test_equivalence_needs_every_interval_inside_the_margin():
                                                  [(record("DoRA", 70.5), t) for t in others])["verdict"]
     assert check(tight) == verdicts.REPRODUCED
     assert check(tight, wide) == verdicts.INCONCLUSIVE
+    # the wide test (differences 10, -11, 6: sd 11.2) says how many seeds would fit it inside ± 3 points
+    wide_row = verdicts.equivalence("spaces alike", "Table 7", "1.1-point span", ref, [(record("VeRA", 71.7), wide)])
+    assert wide_row["test"].endswith(
+        "; seeds a side for the interval to fit ± 3 points at this spread if the rows are equal (80% power): VeRA "
+        f"about {stats.seeds_for_equivalence(wide, 3.0)}")
+    assert "seeds a side for the interval" not in verdicts.equivalence(
+        "spaces alike", "Table 7", "1.1-point span", ref, [(record("DoRA", 70.5), tight)])["test"]
     assert check(tight, far) == verdicts.NOT_REPRODUCED
     assert check(stats.compare_scores({0: 70}, {0: 70})) == verdicts.INCONCLUSIVE
     assert check(stats.compare_scores({0: 60, 1: 61}, {0: 70, 1: 71})) == verdicts.INCONCLUSIVE     # two seeds a side

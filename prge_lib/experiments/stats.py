@@ -7,8 +7,9 @@ test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict:
 two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
 three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
 difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
-(power ``POWER``). Student's t distribution is computed here from the regularized incomplete
-beta function (:func:`t_sf`, :func:`t_quantile`).
+(power ``POWER``), and :func:`seeds_for_equivalence` how many would put the interval inside an equivalence
+margin. Student's t distribution is computed here from the regularized incomplete beta function (:func:`t_sf`,
+:func:`t_quantile`).
 """
 from __future__ import annotations
 
@@ -157,6 +158,32 @@ def power(gap: float, se: float, df: float) -> float:
     return t_sf(t_quantile(1 - ALPHA / 2, df) - abs(gap) / se, df)
 
 
+def _standard_error(sd: float | tuple[float, float], n: int) -> tuple[float, float]:
+    """(standard error, degrees of freedom) of a test like one with spread ``sd`` run on ``n`` seeds a side: the
+    sd of the per-seed differences (paired, n - 1 df) or each row's sd (Welch, n seeds on each side)."""
+    if isinstance(sd, tuple):
+        var_a, var_b = sd[0] ** 2, sd[1] ** 2
+        return math.sqrt((var_a + var_b) / n), welch_df(var_a, n, var_b, n)
+    return sd / math.sqrt(n), n - 1
+
+
+def _fewest_seeds_for(sd: float | tuple[float, float], lower: float, enough) -> int | None:
+    """The first n from max(MIN_SEEDS, ``lower``) at which ``enough(se, df)`` holds, None past MAX_SEEDS.
+    ``lower`` is the normal approximation's count, a lower bound for a power above one half (t's quantile and
+    tails are larger): the search starts there, and gives up at once when it passes MAX_SEEDS."""
+    if lower > MAX_SEEDS:
+        return None
+    for n in range(max(MIN_SEEDS, math.floor(lower)), MAX_SEEDS + 1):
+        if enough(*_standard_error(sd, n)):
+            return n
+    return None
+
+
+def _spread(sd: float | tuple[float, float]) -> float:
+    """The sd that the standard error of one seed a side is: the differences' sd, or hypot of the rows' sds."""
+    return math.hypot(*sd) if isinstance(sd, tuple) else sd
+
+
 def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     """How many seeds a side a test like ``result`` (:func:`paired` or :func:`welch`) needs to detect a true
     difference ``gap`` with probability ``target``, at the spread it observed: the sd of the per-seed differences
@@ -165,22 +192,33 @@ def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     sd = result.get("sd")
     if sd is None or gap == 0:
         return None
-    # the normal test's count is a lower bound for a target above one half (t's quantile and tails are larger):
-    # the search starts there, and gives up at once past MAX_SEEDS
-    spread = math.hypot(*sd) if isinstance(sd, tuple) else sd
     z = statistics.NormalDist()
-    lower = math.floor(((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * spread / gap) ** 2)
-    if lower > MAX_SEEDS:
+    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * _spread(sd) / gap) ** 2
+    return _fewest_seeds_for(sd, lower, lambda se, df: power(gap, se, df) >= target)
+
+
+def equivalence_power(gap: float, margin: float, se: float, df: float) -> float:
+    """The chance that the (1 - ALPHA) interval of a difference lies within ± ``margin`` when the true difference
+    is ``gap`` and its estimate has standard error ``se`` on ``df`` degrees of freedom (two one-sided tests, each
+    at ALPHA / 2): P(T < (margin - gap) / se - t) - P(T < -(margin + gap) / se + t), t = t_{1-ALPHA/2}, with the
+    same shifted central t as :func:`power`; 0 where the interval cannot fit."""
+    if se == 0:
+        return 1.0 if abs(gap) < margin else 0.0
+    t = t_quantile(1 - ALPHA / 2, df)
+    return max(0.0, 1 - t_sf((margin - gap) / se - t, df) - t_sf((margin + gap) / se - t, df))
+
+
+def seeds_for_equivalence(result: dict, margin: float, gap: float = 0.0, target: float = POWER) -> int | None:
+    """How many seeds a side a test like ``result`` needs for its (1 - ALPHA) interval to lie within ± ``margin``
+    with probability ``target`` when the true difference is ``gap`` (0: the rows are equal, as the claim says),
+    at the spread it observed (:func:`seeds_needed`'s spreads and limits); None where ``gap`` is not inside the
+    margin, beyond MAX_SEEDS, or without a spread."""
+    sd = result.get("sd")
+    if sd is None or not margin > abs(gap):
         return None
-    for n in range(max(MIN_SEEDS, lower), MAX_SEEDS + 1):
-        if isinstance(sd, tuple):
-            var_a, var_b = sd[0] ** 2, sd[1] ** 2
-            se, df = math.sqrt((var_a + var_b) / n), welch_df(var_a, n, var_b, n)
-        else:
-            se, df = sd / math.sqrt(n), n - 1
-        if power(gap, se, df) >= target:
-            return n
-    return None
+    z = statistics.NormalDist()
+    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * _spread(sd) / (margin - abs(gap))) ** 2
+    return _fewest_seeds_for(sd, lower, lambda se, df: equivalence_power(gap, margin, se, df) >= target)
 
 
 def seeds_words(n: int | None) -> str:

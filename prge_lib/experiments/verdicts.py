@@ -55,6 +55,18 @@ def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -
             f"side to be found at this spread ({stats.POWER:.0%} power)")
 
 
+def _seeds_for_margin(others: list[tuple[dict, dict]], margin: float) -> str:
+    """Where an equivalence test was too wide or had too few seeds: how many seeds a side would put each interval
+    inside ± ``margin`` if the rows are truly equal, at the spread each test observed
+    (:func:`stats.seeds_for_equivalence`); "" where no test has a spread."""
+    counts = [f"{o['label']} {stats.seeds_words(stats.seeds_for_equivalence(t, margin))}" for o, t in others
+              if t.get("sd") is not None]
+    if not counts:
+        return ""
+    return (f"; seeds a side for the interval to fit ± {margin:g} points at this spread if the rows are equal "
+            f"({stats.POWER:.0%} power): {', '.join(counts)}")
+
+
 def _untrained(*records: dict) -> list[str]:
     return [r["label"] for r in records if r.get("trained") is False]
 
@@ -98,7 +110,8 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
     """Verdict on "these rows are as accurate as ``reference``": ``others`` holds (record, test against the
     reference) pairs. REPRODUCED when every test's 95% interval lies within ± ``margin`` points, NOT_REPRODUCED
     when a test finds a difference larger than ``margin``, INCONCLUSIVE otherwise (untested, too wide, fewer than
-    ``stats.MIN_SEEDS`` seeds a side, or a row that never trained)."""
+    ``stats.MIN_SEEDS`` seeds a side, or a row that never trained). A test too wide or on too few seeds adds how
+    many seeds a side would fit the interval inside the margin if the rows are equal."""
     if not reference or not others:
         return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
     book = ", ".join(f"{r['label']} {r['test_mean']:.1f}" for r in (reference, *(o for o, _ in others)))
@@ -107,12 +120,14 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
         return row(claim, source, paper, book, INCONCLUSIVE, f"did not train: {', '.join(stalled)}")
     tests = "; ".join(f"{o['label']}: {stats.describe(t)}" for o, t in others)
     if any(stats.fewest_seeds(t) < stats.MIN_SEEDS for _, t in others if t["verdict"] != stats.UNTESTED):
-        return row(claim, source, paper, book, INCONCLUSIVE, f"{tests} ({SEEDS_NEEDED})")
+        return row(claim, source, paper, book, INCONCLUSIVE,
+                   f"{tests} ({SEEDS_NEEDED})" + _seeds_for_margin(others, margin))
     if any(t["verdict"] == stats.DIFFERENCE and abs(t["difference"]) > margin for _, t in others):
         return row(claim, source, paper, book, NOT_REPRODUCED, f"{tests} (margin ± {margin:g} points)")
     inside = all(t["ci"] and -margin <= t["ci"][0] and t["ci"][1] <= margin for _, t in others)
+    test = f"{tests} (95% intervals within ± {margin:g} points needed)"
     return row(claim, source, paper, book, REPRODUCED if inside else INCONCLUSIVE,
-               f"{tests} (95% intervals within ± {margin:g} points needed)")
+               test if inside else test + _seeds_for_margin(others, margin))
 
 
 def threshold(claim: str, source: str, paper_value: float | str | None, ours: float | None, *,
