@@ -117,6 +117,7 @@ def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, cap
     out = capsys.readouterr().out
     assert "6/7 done" in out and "then --stage confirm, which waits for this sweep: 36 cells" in out
     assert "0/36 done" in out
+    assert out.count("seconds per step ") == 1          # the confirm totals do not repeat the sweep's basis
     # the row's sweep complete (its best rate the last) and one confirm seed run there: the overview counts it
     _write(sweep[-1], tmp_path, 0.7)
     confirm = rp.stage_cells("senszoq", "paper", "confirm", only="sst2/senszoq-c4-s1e-3", results=tmp_path)

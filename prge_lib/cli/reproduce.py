@@ -60,7 +60,7 @@ def run_reproduce(args) -> int:
     if args.list or args.dry_run:
         print(rp.list_cells(cells, pack=pack, **roots))
         if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
-            totals = _confirm_totals(rp, args, pack, roots, overrides)
+            totals = _confirm_totals(rp, args, pack, roots, overrides, step_note=False)  # given just above
             print(f"then --stage confirm, which waits for this sweep: {totals}")
             runs = rp.sweep_runs(cells, roots["results"])       # read once for both notes
             for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs)[0],
@@ -89,12 +89,12 @@ def run_reproduce(args) -> int:
     return 0
 
 
-def _confirm_totals(rp, args, pack: int, roots: dict, overrides: dict) -> str:
+def _confirm_totals(rp, args, pack: int, roots: dict, overrides: dict, step_note: bool = True) -> str:
     """The confirm stage's cells and time: a row at the rate its finished sweep chose, with its done cells; a row
     whose sweep is still running at a stand-in rate (a cell's time does not depend on its rate)."""
     cells = rp.confirm_estimate_cells(args.grid, args.profile, args.model, roots["results"], **overrides)
     return (f"{len(cells)} cells beyond the sweep's own (each row's confirm seeds at its best rate); "
-            + rp.list_cells(cells, pack=pack, totals_only=True, **roots))
+            + rp.list_cells(cells, pack=pack, totals_only=True, step_note=step_note, **roots))
 
 
 def reproduce_options(rp) -> None:

@@ -72,10 +72,11 @@ def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | 
 
 
 def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1,
-               totals_only: bool = False) -> str:
+               totals_only: bool = False, step_note: bool = True) -> str:
     """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
     :func:`cell_status`) and its time left (:func:`price_cells`; a cell priced as packed is marked "packed ×R (pack
-    k)"), then the totals and what the prices rest on (``totals_only``: those lines alone)."""
+    k)"), then the totals and what the prices rest on (``totals_only``: those lines alone; ``step_note=False``
+    leaves out the measured seconds per step, for a listing that follows one which gave them)."""
     priced = price_cells(cells, results, checkpoints, pack)
     packed, elsewhere = priced["packed"], priced["elsewhere"]
     lines = []
@@ -99,7 +100,7 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
                  f"({basis})")
     training = [cell.config() for cell, st in zip(cells, priced["states"])
                 if cell.kind == "train" and st["state"] in ("partial", "missing", "running")]
-    if training:
+    if training and step_note:
         lines.append(step_basis(training))
     for device, (_, how) in priced["pack_shares"].items():
         count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in cells)
