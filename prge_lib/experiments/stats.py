@@ -180,7 +180,8 @@ def _fewest_seeds_for(sd: float | tuple[float, float], lower: float, enough) -> 
 
 
 def _spread(sd: float | tuple[float, float]) -> float:
-    """The sd that the standard error of one seed a side is: the differences' sd, or hypot of the rows' sds."""
+    """The standard error of a test on one seed a side: the differences' sd (paired), or the rows' sds in
+    quadrature (Welch)."""
     return math.hypot(*sd) if isinstance(sd, tuple) else sd
 
 

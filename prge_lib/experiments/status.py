@@ -76,7 +76,7 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     """A plain-text table: each cell's state (done / running / partial at step k / missing / unreadable, see
     :func:`cell_status`) and its time left (:func:`price_cells`; a cell priced as packed is marked "packed ×R (pack
     k)"), then the totals and what the prices rest on (``totals_only``: those lines alone; ``step_note=False``
-    leaves out the measured seconds per step, for a listing that follows one which gave them)."""
+    leaves out the seconds-per-step line, for a listing that follows one which gave it)."""
     priced = price_cells(cells, results, checkpoints, pack)
     packed, elsewhere = priced["packed"], priced["elsewhere"]
     lines = []
