@@ -167,22 +167,20 @@ def _standard_error(sd: float | tuple[float, float], n: int) -> tuple[float, flo
     return sd / math.sqrt(n), n - 1
 
 
-def _fewest_seeds_for(sd: float | tuple[float, float], lower: float, enough) -> int | None:
-    """The first n from max(MIN_SEEDS, ``lower``) at which ``enough(se, df)`` holds, None past MAX_SEEDS.
-    ``lower`` is the normal approximation's count, a lower bound for a power above one half (t's quantile and
-    tails are larger): the search starts there, and gives up at once when it passes MAX_SEEDS."""
+def _fewest_seeds_for(sd: float | tuple[float, float], effect: float, target: float, enough) -> int | None:
+    """The first n from MIN_SEEDS at which ``enough(se, df)`` holds, None past MAX_SEEDS. The search starts at the
+    normal approximation's count for detecting ``effect`` with probability ``target`` at the spread ``sd`` (the
+    differences' sd, or the rows' sds in quadrature), a lower bound for a target above one half (t's quantile and
+    tails are larger), and gives up at once when that passes MAX_SEEDS."""
+    spread = math.hypot(*sd) if isinstance(sd, tuple) else sd
+    z = statistics.NormalDist()
+    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * spread / effect) ** 2
     if lower > MAX_SEEDS:
         return None
     for n in range(max(MIN_SEEDS, math.floor(lower)), MAX_SEEDS + 1):
         if enough(*_standard_error(sd, n)):
             return n
     return None
-
-
-def _spread(sd: float | tuple[float, float]) -> float:
-    """The standard error of a test on one seed a side: the differences' sd (paired), or the rows' sds in
-    quadrature (Welch)."""
-    return math.hypot(*sd) if isinstance(sd, tuple) else sd
 
 
 def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
@@ -193,9 +191,7 @@ def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     sd = result.get("sd")
     if sd is None or gap == 0:
         return None
-    z = statistics.NormalDist()
-    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * _spread(sd) / gap) ** 2
-    return _fewest_seeds_for(sd, lower, lambda se, df: power(gap, se, df) >= target)
+    return _fewest_seeds_for(sd, gap, target, lambda se, df: power(gap, se, df) >= target)
 
 
 def equivalence_power(gap: float, margin: float, se: float, df: float) -> float:
@@ -217,9 +213,8 @@ def seeds_for_equivalence(result: dict, margin: float, gap: float = 0.0, target:
     sd = result.get("sd")
     if sd is None or not margin > abs(gap):
         return None
-    z = statistics.NormalDist()
-    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * _spread(sd) / (margin - abs(gap))) ** 2
-    return _fewest_seeds_for(sd, lower, lambda se, df: equivalence_power(gap, margin, se, df) >= target)
+    return _fewest_seeds_for(sd, margin - abs(gap), target,
+                             lambda se, df: equivalence_power(gap, margin, se, df) >= target)
 
 
 def seeds_words(n: int | None) -> str:
