@@ -313,3 +313,30 @@ def test_compare_forms_reports_times_and_bytes():
     assert all(out[k] > 0 for k in ("fp32_forward_s", "eq23_forward_s", "eq21_forward_s"))
     assert out["bytes"]["dense"] < out["bytes"]["fp32_dense"] / 6 and out["k"] == round(0.01 * 96 * 64)
     assert out["bytes"]["values"] == 4 * out["k"] and out["bytes"]["indices"] == 8 * out["k"]
+
+
+@pytest.mark.parametrize("outer,inner", [(False, False), (True, True)])
+def test_a_replay_from_projected_gradients_gives_the_runs_values_bit_for_bit(tiny_factory, outer, inner):
+    """MeZO's seed trick over the k values (a SensZOQ seed checkpoint): a run's projected gradients alone rebuild
+    its values exactly. The sequential step perturbs the values +ε, −2ε, +ε in place, which in floating point does
+    not give them back bit for bit, so its replay redoes the trips (with the updates alone the values differ);
+    the parallel step never perturbs them in place, so the updates alone are its replay."""
+    from prge_lib.zo.estimator import step_seeds
+    from prge_lib.zo.mezo import update_
+    from prge_lib.zo.replay import adapter_digest, can_rebuild, rebuild
+
+    batch = synthetic_batch(2, 9, tiny_factory().config.vocab_size, seed=4)
+    run = _senszoq(tiny_factory, seed=7, quant="none", outer=outer, inner=inner)
+    grads = [run.step(batch, t)["projected_grad"] for t in range(3)]
+    replayed = _senszoq(tiny_factory, seed=7, quant="none", outer=outer, inner=inner)
+    assert can_rebuild(replayed)
+    rebuild(replayed, grads)
+    assert adapter_digest(replayed.trainable()) == adapter_digest(run.trainable())
+    updates_only = _senszoq(tiny_factory, seed=7, quant="none")
+    with torch.no_grad():
+        for t, g in enumerate(grads):
+            update_([layer.values for layer in updates_only.layers], step_seeds(7, t, 2), g, run.lr)
+    same = adapter_digest(updates_only.trainable()) == adapter_digest(run.trainable())
+    assert same == (outer or inner)
+    with pytest.raises(ValueError, match="step 0: 1 projected gradients for a run with q = 2"):
+        rebuild(_senszoq(tiny_factory, seed=7), [[0.5]])

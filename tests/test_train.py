@@ -141,6 +141,8 @@ def test_senszoq_result_records_its_mask_and_mebp_its_phases(tiny_factory, token
     ("prge", {"q": 2, "E": 4, "noise": "counter", "engine": "fused"}),            # the GPU's fused step
     ("mezo-lorafa", {"E": 2}),
     ("mezo", {"E": 2, "q": 2, "lr": 1e-3}),          # MeZO (Full): every weight, its ±ε trips replayed too
+    ("senszoq", {"E": 4, "q": 2, "mask": "random", "lr": 1e-3}),      # the sparse values, their trips replayed
+    ("senszoq", {"E": 4, "q": 2, "mask": "random", "lr": 1e-3, "outer": True, "inner": True}),   # shared forwards
 ])
 def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokenizer, sst2_small, tmp_path,
                                                             monkeypatch, method, extra):

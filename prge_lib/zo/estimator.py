@@ -23,6 +23,7 @@ class ZerothOrder:
     start empty."""
 
     optimizer = None
+    rebuildable = False       # True where :meth:`rebuild` replays the run (a seed checkpoint can stand for it)
 
     def __init__(self, model, q: int, eps: float, lr: float, seed: int):
         if q < 1:
@@ -38,3 +39,10 @@ class ZerothOrder:
 
     def step(self, batch, t: int) -> dict:
         raise NotImplementedError
+
+    def rebuild(self, projected_grads) -> None:
+        """Bring the trainable tensors (as built, at step 0) to step T = len(projected_grads) from the run's
+        projected gradients alone, as its steps changed them (MeZO's seed trick, chapter 3): what a method with
+        ``rebuildable`` provides for :func:`prge_lib.zo.replay.rebuild`. The engine's own classes (P-RGE, MeZO)
+        are replayed there."""
+        raise ValueError(f"{type(self).__name__} is not rebuilt from projected gradients")

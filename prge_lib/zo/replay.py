@@ -81,8 +81,9 @@ def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> None:
     """Bring ``method`` (as built for its run, at step 0) to step T = len(projected_grads) by replaying the
     run's recorded projected gradients, as its steps updated it: P-RGE and MeZO on LoRA-FA, per layer or fused,
     alone or a run of a pack, and MeZO (Full), whose replay redoes each step's ±ε trips over every weight too
-    (:func:`prge_lib.zo.mezo.replay_step`: four passes of noise per query and step, quick on a GPU, slow on a CPU)
-    (:func:`can_rebuild`); a ValueError for any other method (first-order methods, SensZOQ)."""
+    (:func:`prge_lib.zo.mezo.replay_step`: four passes of noise per query and step, quick on a GPU, slow on a CPU),
+    and a ZO method that replays itself (``rebuildable``, :meth:`ZerothOrder.rebuild`: SensZOQ's sparse values)
+    (:func:`can_rebuild`); a ValueError for any other method (first-order methods, MeBP)."""
     steps = enumerate(projected_grads)
     if isinstance(method, PackedMethod):
         run = method.pack.runs[method.r]
@@ -94,11 +95,14 @@ def rebuild(method, projected_grads: Sequence[Sequence[float]]) -> None:
         params = list(method.params.values())
         for t, g in checked_steps(steps, method.q):
             replay_step(params, step_seeds(method.seed, t, method.q), g, method.eps, method.lr)
+    elif getattr(method, "rebuildable", False):
+        method.rebuild(projected_grads)
     else:
         raise ValueError(f"{type(method).__name__} is not rebuilt from projected gradients; only P-RGE, MeZO on "
-                         f"LoRA-FA and MeZO (Full) are")
+                         f"LoRA-FA, MeZO (Full) and SensZOQ are")
 
 
 def can_rebuild(method) -> bool:
     """Whether :func:`rebuild` can bring ``method`` to a later step from its projected gradients."""
-    return isinstance(method, (PackedMethod, PRGE)) or type(method) is MeZOFull
+    return isinstance(method, (PackedMethod, PRGE)) or type(method) is MeZOFull or \
+        bool(getattr(method, "rebuildable", False))

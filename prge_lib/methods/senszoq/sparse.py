@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from prge_lib.common.measure import time_steps
-from prge_lib.zo.mezo import add_noise_, mezo_step, step_record
+from prge_lib.zo.mezo import mezo_step, replay_step, step_record, update_
 from prge_lib.models.objective import Batch, row_losses, synthetic_batch
 from prge_lib.zo.estimator import ZerothOrder, step_seeds
 from prge_lib.zo.prge import two_point_losses
+from prge_lib.zo.replay import checked_steps
 from prge_lib.models.quant import NF4Weight
 from prge_lib.zo.rge import check_zo_dtype, gaussian
 from prge_lib.methods.senszoq.sensitivity import build_mask, c4_mask, linear_weights, mask_size, task_fisher
@@ -155,8 +156,7 @@ def parallel_step(model, layers: Sequence[SparseDenseLinear], batch: Batch, seed
     plus, minus = losses.tolist()
     grads = g.tolist()
     if finite:
-        for seed, gi in zip(seeds, grads):
-            add_noise_([layer.values for layer in layers], seed, -lr * gi / len(seeds))   # mezo_step's update
+        update_([layer.values for layer in layers], seeds, grads, lr)      # mezo_step's update
     return {"loss_plus": plus, "loss_minus": minus, "projected_grad": grads, "finite": finite}
 
 
@@ -178,6 +178,8 @@ class SensZOQ(ZerothOrder):
         self.layers, self.outer, self.inner = list(layers), outer, inner
         check_zo_dtype([layer.values for layer in self.layers], "SensZOQ")
 
+    rebuildable = True
+
     def trainable(self) -> dict[str, torch.Tensor]:
         return {f"{layer.name}.values": layer.values for layer in self.layers}
 
@@ -189,6 +191,20 @@ class SensZOQ(ZerothOrder):
             out = mezo_step([layer.values for layer in self.layers],
                             lambda: row_losses(self.model, batch).mean(), seeds, self.eps, self.lr)
         return step_record(out)
+
+    @torch.no_grad()
+    def rebuild(self, projected_grads) -> None:
+        """The run's k values from its projected gradients alone (MeZO's seed trick over the sparse vector, chapter
+        8): each step's ±ε trips and update again (``mezo.replay_step``), or the update alone where the step's
+        queries ran in shared forwards (:func:`parallel_step` never perturbs the values in place). A seed
+        checkpoint of a SensZOQ run is its history: kilobytes, where the values are k floats."""
+        values = [layer.values for layer in self.layers]
+        for t, g in checked_steps(enumerate(projected_grads), self.q):
+            seeds = step_seeds(self.seed, t, self.q)
+            if self.outer or self.inner:
+                update_(values, seeds, g, self.lr)
+            else:
+                replay_step(values, seeds, g, self.eps, self.lr)
 
 
 def build_senszoq(model, tokenizer, *, mask="c4", sparsity: float = 1e-3, scope: str = "layer",
