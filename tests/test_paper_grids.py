@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from prge_lib.cli.common import EXIT_CELLS_LEFT
 from prge_lib.cli.main import main
 from prge_lib.experiments import reproduce as rp
 
@@ -130,6 +131,38 @@ def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, cap
         capsys.readouterr().out
     assert main(["reproduce", "table1", "--stage", "confirm", "--list", *roots]) == 2
     assert "grid 'table1' has one stage; the two-stage grids are ['senszoq']" in capsys.readouterr().err
+
+
+def test_the_confirm_stage_runs_the_rows_whose_sweep_is_done_and_names_the_others(tmp_path, capsys):
+    """One row's sweep complete: the confirm stage is that row's seeds at its best rate, whatever else sweeps; the
+    rows still sweeping are named with what they wait for, and a run that did all it could says they wait."""
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    sweep = rp.grid_cells("senszoq", "paper", only="sst2/senszoq-c4-s1e-3")
+    for cell, val in zip(sweep, (0.6, 0.7, 0.65, 0.6, 0.62, 0.61, 0.6)):
+        _write(cell, tmp_path, val)
+    confirm = rp.stage_cells("senszoq", "paper", "confirm", results=tmp_path)
+    assert {(c.task, c.row.key, c.lr) for c in confirm} == {("sst2", "senszoq-c4-s1e-3", sweep[1].lr)}
+    waiting = rp.confirm_waiting("senszoq", "paper", results=tmp_path)
+    rows = len(rp.GRIDS["senszoq"]["tasks"]) * len(rp.GRIDS["senszoq"]["rows"])
+    assert len(waiting) == rows - 1 and ("sst2", "senszoq-c4-s1e-3") not in waiting
+    assert all(missing for missing in waiting.values())
+    assert rp.confirm_waiting("senszoq", "paper", only="sst2/senszoq-c4-s1e-3", results=tmp_path) == {}
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", "--list", *roots]) == 0
+    out = capsys.readouterr().out
+    assert f"{sum(c.result_path(tmp_path).is_file() for c in confirm)}/{len(confirm)} done" in out
+    assert out.count("waits for its sweep: ") == rows - 1
+    assert "waits for its sweep: sst2/senszoq-random-s1e-3 (7 sweep cells without a result, e.g. " \
+           "sst2/senszoq-random-s1e-3_lr" in out
+    assert "the whole confirm stage (a row still sweeping priced at a stand-in rate): 36 cells" in out
+    # the ready row's confirm seeds all run: the stage did what it could, and says that the others wait
+    for cell in confirm:
+        if not cell.result_path(tmp_path).is_file():
+            _write(cell, tmp_path, 0.66)
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", *roots]) == EXIT_CELLS_LEFT
+    err = capsys.readouterr().err
+    assert f"{rows - 1} rows wait for their sweep (exit status {EXIT_CELLS_LEFT})" in err
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", "--only",
+                 "sst2/senszoq-c4-s1e-3", *roots]) == 0
 
 
 def test_list_prices_another_device_from_its_results_or_says_it_cannot(tmp_path, capsys):

@@ -57,8 +57,15 @@ def run_reproduce(args) -> int:
     if not cells:
         raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
                          f"prge reproduce {args.grid} --list shows the names")
+    waiting = rp.confirm_waiting(args.grid, args.profile, args.only, args.model, roots["results"], **overrides) \
+        if args.stage == "confirm" else {}
     if args.list or args.dry_run:
         print(rp.list_cells(cells, pack=pack, **roots))
+        for line in _waiting_lines(waiting):
+            print(line)
+        if waiting:
+            print(f"the whole confirm stage (a row still sweeping priced at a stand-in rate): "
+                  f"{_confirm_totals(rp, args, pack, roots, overrides, step_note=False)}")
         if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
             totals = _confirm_totals(rp, args, pack, roots, overrides, step_note=False)  # given just above
             print(f"then --stage confirm, which waits for this sweep: {totals}")
@@ -86,7 +93,21 @@ def run_reproduce(args) -> int:
         print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "
               f"(exit status {EXIT_CELLS_LEFT})", file=sys.stderr)
         return EXIT_CELLS_LEFT
+    if waiting:                         # the rows still sweeping get their confirm cells once their sweep is done
+        for line in _waiting_lines(waiting):
+            print(f"prge: {line}", file=sys.stderr)
+        print(f"prge: the confirm cells of the rows ready are done; {len(waiting)} rows wait for their sweep "
+              f"(exit status {EXIT_CELLS_LEFT})", file=sys.stderr)
+        return EXIT_CELLS_LEFT
     return 0
+
+
+def _waiting_lines(waiting: dict) -> list[str]:
+    """A line per confirm row still sweeping (:func:`prge_lib.experiments.stages.confirm_waiting`): how many of its
+    sweep cells have no result, and one of them."""
+    return [f"waits for its sweep: {task}/{key} ({len(missing)} sweep cells without a result, e.g. "
+            f"{missing[0].name}); its confirm cells follow the rate that sweep chooses"
+            for (task, key), missing in waiting.items()]
 
 
 def _confirm_totals(rp, args, pack: int, roots: dict, overrides: dict, step_note: bool = True) -> str:
@@ -105,8 +126,9 @@ def reproduce_options(rp) -> None:
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
     rp.add_argument("--stage", default="sweep", choices=STAGES,
                     help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
-                    "the confirm seeds at each row's best sweep rate, refused for a row until its sweep has all its "
-                    "results (default sweep: the cells of any other grid)")
+                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has all its results (the "
+                    "others are named; refused when no row selected is ready) (default sweep: the cells of any "
+                    "other grid)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match; "
                          "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")

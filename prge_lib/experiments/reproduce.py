@@ -41,7 +41,8 @@ from prge_lib.experiments.results import (ResultFileError, cell_matches, check_f
 from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, connect_ray, run_cell, run_grid,
                                          run_pack)
 from prge_lib.experiments.stages import (SweepNotDone, best_rates, check_stage, confirm_estimate_cells,
-                                         stage_cells, stalled_rows, sweep_edges, sweep_runs, untrained_rows)
+                                         confirm_waiting, stage_cells, stalled_rows, sweep_edges, sweep_runs,
+                                         untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.stats import compare_rows, compare_scores, describe, seeds_needed, seeds_words
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
@@ -58,8 +59,8 @@ __all__ = [
     "step_seconds",
     "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
-    "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "stage_cells", "stalled_rows",
-    "sweep_edges", "sweep_runs", "untrained_rows",
+    "SweepNotDone", "best_rates", "check_stage", "confirm_estimate_cells", "confirm_waiting", "stage_cells",
+    "stalled_rows", "sweep_edges", "sweep_runs", "untrained_rows",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs", "step_shape",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",

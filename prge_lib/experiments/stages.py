@@ -113,16 +113,32 @@ def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: It
                 only: str | None = None, model: str | None = None, results: Path = RESULTS,
                 **overrides) -> list[Cell]:
     """The cells of ``grid``'s ``stage``: the sweep is :func:`~prge_lib.experiments.cells.grid_cells`; the confirm
-    stage is, per (task, row), the confirm seeds (or ``seeds``) at the sweep's best rate (:func:`best_rates` of the
-    sweep's results under ``results``). :class:`SweepNotDone` while a sweep cell that ``only`` selects a confirm
-    row of has no result."""
+    stage is, per (task, row) whose sweep has all its results, the confirm seeds (or ``seeds``) at the sweep's best
+    rate (:func:`best_rates` of the sweep's results under ``results``); a row still sweeping has none yet
+    (:func:`confirm_waiting` names them). :class:`SweepNotDone` when no row that ``only`` selects is ready."""
     check_stage(grid, stage)
     if stage == "sweep":
         return grid_cells(grid, profile, seeds, only, model, **overrides)
+    cells, waiting, total = _confirm_rows(grid, profile, seeds, only, model, results, overrides)
+    if waiting and not cells:
+        raise SweepNotDone(grid, profile, [c for row in waiting.values() for c in row], total)
+    return cells
+
+
+def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, model: str | None = None,
+                    results: Path = RESULTS, **overrides) -> dict[tuple, list[Cell]]:
+    """{(task, row key): its sweep cells without a result} for each row of the confirm stage that ``only`` selects
+    and whose sweep is not complete: the rows :func:`stage_cells` gives no confirm cells yet."""
+    return _confirm_rows(grid, profile, None, only, model, results, overrides)[1]
+
+
+def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tuple[list[Cell], dict, int]:
+    """(the confirm cells that ``only`` selects of the rows whose sweep is complete, {(task, row key): the sweep
+    cells without a result} of the selected rows still sweeping, the sweep's number of cells)."""
     sweep = grid_cells(grid, profile, None, None, model, **overrides)
     rates, missing = best_rates(sweep, results)
     confirm = tuple(GRIDS[grid]["confirm_seeds"][profile]) if seeds is None else tuple(seeds)
-    cells, waiting = [], []
+    cells, waiting = [], {}
     for task in GRIDS[grid]["tasks"]:
         for row in GRIDS[grid]["rows"]:
             if (task, row.key) in rates:
@@ -133,10 +149,8 @@ def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: It
                                      **overrides)
                 unnamed = [SimpleNamespace(name=c.name.replace(f"_lr{lr_text(c.lr)}", "")) for c in stand_in]
                 if select(unnamed, only):
-                    waiting += [c for c in missing if (c.task, c.row.key) == (task, row.key)]
-    if waiting:
-        raise SweepNotDone(grid, profile, waiting, len(sweep))
-    return select(cells, only)
+                    waiting[task, row.key] = [c for c in missing if (c.task, c.row.key) == (task, row.key)]
+    return select(cells, only), waiting, len(sweep)
 
 
 def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
