@@ -94,8 +94,9 @@ def restore_method_state(method, state: dict, grads: list, step: int, path: Path
         rebuild(method, grads)
         if adapter_digest(method.trainable()) != state["digest"]:
             raise CheckpointError(path, f"replaying its {len(grads)} steps did not give the adapter it recorded "
-                                        f"(another digest): this machine rounds the update differently; resume it "
-                                        f"where it was made")
+                                        f"(another digest): this machine rounds the update differently, or built "
+                                        f"another start (a SensZOQ mask recomputed here); resume it where it was "
+                                        f"made")
     else:
         with torch.no_grad():
             for key, tensor in method.trainable().items():
