@@ -140,9 +140,9 @@ class Trainer:
     host passes its own, whose steps run in an exported program (``prge_lib.deploy.runtime``).
 
     ``seed_checkpoints`` (default: the environment's ``PRGE_SEED_CHECKPOINTS=1``): a checkpoint of a run whose
-    adapter can be rebuilt from its projected gradients (P-RGE, MeZO on LoRA-FA and MeZO (Full),
+    adapter can be rebuilt from its projected gradients (P-RGE, MeZO on LoRA-FA, MeZO (Full) and SensZOQ,
     :func:`prge_lib.zo.replay.rebuild`) keeps the history and the adapter's SHA-256 instead of its tensors, some
-    kilobytes per thousand steps instead of the adapter's megabytes: small enough to carry between GPU sittings.
+    kilobytes per thousand steps instead of the adapter's megabytes: small enough to carry between machines.
     Resuming replays the steps and refuses the result unless its digest is the recorded one."""
 
     def __init__(self, config: TrainConfig, model=None, tokenizer=None, data: TaskData | None = None,
