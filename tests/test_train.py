@@ -49,6 +49,22 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_factory, tokenizer, sst2_s
         assert torch.equal(tensor, resumed.method.trainable()[name]), name
 
 
+def test_each_sitting_records_the_processor_it_ran_on(tiny_factory, tokenizer, sst2_small, tmp_path, monkeypatch):
+    """A run resumed on another machine rounds its forwards otherwise from there on: its result says which processor
+    ran which steps (``sittings``), beside ``resumed_at_steps``."""
+    from prge_lib.common.provenance import cpu_name
+    from prge_lib.training import trainer as trainer_module
+
+    whole = _trainer(tiny_factory, tokenizer, sst2_small, method="prge", q=2, E=4).run()
+    assert whole["sittings"] == [{"step": 0, "processor": cpu_name()}]
+    broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method="prge", q=2, E=4)
+    crash_during_step(broken, 5)
+    monkeypatch.setattr(trainer_module, "processor", lambda device: "Another CPU")
+    result = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method="prge", q=2, E=4).run(resume=True)
+    assert result["sittings"] == [{"step": 0, "processor": cpu_name()}, {"step": 4, "processor": "Another CPU"}]
+    assert result["resumed_at_steps"] == [4]
+
+
 def test_result_reports_best_validation_and_final_test(tiny_factory, tokenizer, sst2_small):
     result = _trainer(tiny_factory, tokenizer, sst2_small, q=2, E=4).run()
     assert [e["step"] for e in result["evals"]] == [0, 3, 6]

@@ -50,18 +50,37 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def cpu_name() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
+
+
+def processor(device=None) -> str | None:
+    """The processor that computes on ``device``: the GPU's name on a CUDA device, else the CPU's model name.
+    Float rounding follows the processor's kernels, so a run resumed on another one leaves the trajectory the
+    uninterrupted run would have had (the trainer records each sitting's, ``sittings``)."""
+    import torch
+
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
 def hardware() -> dict:
     import torch
 
     info = {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "cuda": None}
+            "torch_threads": torch.get_num_threads(), "cuda": None, "cpu": cpu_name()}
     try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
         with open("/proc/meminfo") as f:
             info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
     except OSError:
-        info["cpu"] = platform.processor() or None
+        pass
     if torch.cuda.is_available():
         info["cuda"] = torch.cuda.get_device_name(0)
     return info

@@ -69,6 +69,13 @@ class RunConfig(TypedDict):
     seed: int
 
 
+class Sitting(TypedDict):
+    """A stretch of a run in one process: the step it began at and the processor it ran on
+    (``prge_lib.common.provenance.processor``); a run resumed on another machine has one per machine."""
+    step: Annotated[int, {"minimum": 0}]
+    processor: str | None
+
+
 class TrainRecord(TypedDict):
     """A training run (``Trainer.summary()`` plus status, model and provenance; chapter 5), or a zero-shot cell of
     a grid written as a run of 0 steps (:func:`zero_shot_run`)."""
@@ -102,6 +109,8 @@ class TrainRecord(TypedDict):
     same_run_as: NotRequired[str]       # a grid's cell adopted from another grid's same run: that file, under results
     packed: NotRequired[dict[str, Any]]
     cuda_peak_mib: NotRequired[float]   # a GPU run: torch.cuda.max_memory_allocated over the process, MiB
+    resumed_at_steps: NotRequired[list[int]]
+    sittings: NotRequired[list[Sitting]]    # files from before the field have none
 
 
 class ZeroShotRecord(TypedDict):

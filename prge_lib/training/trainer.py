@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from prge_lib.common.provenance import atomic_file, start_commit
+from prge_lib.common.provenance import atomic_file, processor, start_commit
 from prge_lib.data.splits import TaskData, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.methods import registry
@@ -301,7 +301,9 @@ class Trainer:
             # a result put together over several sittings says where each later one began (its wall time
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
-        elif self.config.eval_every and evaluate:
+        # and on which processor each sitting ran: one resumed on another machine rounds otherwise from there on
+        self.history.setdefault("sittings", []).append({"step": self.step, "processor": processor(self.device)})
+        if not resume and self.config.eval_every and evaluate:
             self.record_evaluation(0)
 
     def diverged(self, t: int, record: dict) -> TrainingDiverged:
@@ -386,6 +388,7 @@ class Trainer:
             **step_series(self.history["losses"], self.history["projected_grad"], self.history["step_s"]),
             "elapsed_s": {k: round(v, 2) for k, v in self.elapsed.items()},
             "resumed_at_steps": self.history.get("resumed_at", []),
+            "sittings": self.history.get("sittings", []),
             **({"method_settings": self.method.settings} if self.method.settings else {}),
             **({"phase_times_s": {k: round(v, 3) for k, v in self.method.times.items()}}
                if self.method.times else {}),
