@@ -307,6 +307,21 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert rp.format_score(dict(mixed, device="cuda", n=1)) == "63.0 (1, GPU)"
     _, md_path = rp.write_summary("table1", tmp_path)
     assert "GPU: the runs trained on a GPU" in md_path.read_text()
+    assert mixed["processors"] == "unknown" and "Processors:" not in md_path.read_text()   # none named, one kind
+    # the processors the runs computed on: each sitting's, or the provenance's for a file from before sittings
+    gpu["provenance"]["hardware"] = {"cpu": "CPU A", "cuda": "GPU B"}
+    (folder / "mezo-lorafa-E16_lr1e-3_seed1.json").write_text(json.dumps(gpu))
+    assert rp.processors_of(gpu) == ["GPU B"]
+    resumed = result("prge-q4-E16", 1e-3, 2, 0.72, 0.75)
+    resumed["sittings"] = [{"step": 0, "processor": "CPU A"}, {"step": 1, "processor": "CPU C"}]
+    (folder / "prge-q4-E16_lr1e-3_seed2.json").write_text(json.dumps(resumed))
+    assert rp.processors_of(resumed) == ["CPU A", "CPU C"]
+    rows = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
+    assert rows["prge-q4-E16"]["processors"] == "CPU A+CPU C+unknown"
+    assert rows["mezo-lorafa-E16"]["processors"] == "GPU B+unknown"
+    _, md_path = rp.write_summary("table1", tmp_path)
+    assert "Processors: the runs ran on CPU A, CPU C, GPU B and unknown (each row's in summary.csv" in \
+        md_path.read_text()
 
 
 def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_follow_table1(tmp_path):

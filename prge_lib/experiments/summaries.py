@@ -224,6 +224,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
                                           if device_of(r) == "cuda"})) or None,
             "trained": None if zero_shot or None in moved else any(moved),
             "majority": _majority(runs),
+            "processors": "+".join(sorted({name for r in runs for name in processors_of(r)})),
         })
     _add_gain_shares(records)
     return records
@@ -255,6 +256,16 @@ def _selection_score(grid: str, profile: str, task: str, row: str, runs: list[di
 def device_of(result: dict) -> str:
     """"cpu" or "cuda": the kind of device a result's run trained on (results before --device: cpu)."""
     return str(result.get("config", {}).get("device") or "cpu").split(":")[0]
+
+
+def processors_of(result: dict) -> list[str]:
+    """The processors a result's run computed on, in order of its sittings (``sittings``; a file from before them:
+    the one its provenance names, the GPU's on a GPU run); "unknown" where none is named."""
+    names = [s.get("processor") for s in result.get("sittings") or ()]
+    if not names:
+        hardware = (result.get("provenance") or {}).get("hardware") or {}
+        names = [hardware.get("cuda") if device_of(result) == "cuda" else hardware.get("cpu")]
+    return list(dict.fromkeys(name or "unknown" for name in names))
 
 
 def write_summary(grid: str, results: Path = RESULTS, profile: str = "cpu") -> tuple[Path, Path]:
@@ -369,7 +380,17 @@ def summary_markdown(records: list[dict]) -> str:
         lines.append("")
         lines.append("GPU: the runs trained on a GPU (the result files name it), with the same data, adapter "
                      f"initialisation and settings; their ZO noise came from {' or '.join(named[s] for s in sources)}.")
+    processors = sorted({name for r in records for name in r["processors"].split("+")})
+    if len(processors) > 1:
+        lines.append("")
+        lines.append(f"Processors: the runs ran on {_and(processors)} (each row's in summary.csv, each run's in its "
+                     "file). Floats round differently on each, so a seed's run on one is not bit for bit its run on "
+                     "another.")
     return "\n".join(lines) + "\n"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def table_of(records: list[dict]) -> dict[tuple[str, str], dict]:

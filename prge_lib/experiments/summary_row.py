@@ -25,5 +25,6 @@ class SummaryRow(TypedDict):
     gpu_noise: str | None       # where the GPU runs' ZO noise came from ("torch", "counter"; None: no GPU run)
     trained: bool | None        # False: no seed left zero-shot (summaries.left_zero_shot); None: zero-shot row
     majority: float | None      # percent: always giving the test sample's commonest answer (None: no classes)
+    processors: str             # the processors the runs computed on, "+"-joined (summaries.processors_of)
     fo_gain_share: float | None         # (ZO - zero-shot) / (FO LoRA-FA - zero-shot) on this task
     paper_fo_gain_share: float | None   # the same ratio from the paper's table
