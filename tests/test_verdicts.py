@@ -35,6 +35,17 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     few = verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, two)
     assert two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS and few["verdict"] == verdicts.INCONCLUSIVE
     assert few["test"].startswith("+") and stats.FEW_SEEDS + "; the paper's gap (+1.6) needs about" in few["test"]
+    # a claim from a figure has no gap of the paper's to price: the gap seen is priced, if it lies the claimed way
+    wide = stats.compare_scores({0: 70, 1: 75, 2: 68}, {0: 51, 1: 51, 2: 60})       # differences 19, 24, 8
+    seen = verdicts.ordering(*CLAIM, None, None, record("C4", 71.0), record("smallest", 54.0), wide)
+    assert wide["verdict"] == stats.NO_DIFFERENCE and seen["verdict"] == verdicts.INCONCLUSIVE
+    n = stats.seeds_needed(wide, wide["difference"])
+    assert 3 < n < 10 and seen["test"].endswith(f"; a gap of the size seen (+17.0) needs "
+                                                f"{stats.seeds_words(n)} seeds a side to be found at this spread "
+                                                "(80% power)")
+    backwards = stats.compare_scores({0: 51, 1: 51, 2: 60}, {0: 70, 1: 75, 2: 68})
+    assert "size seen" not in verdicts.ordering(*CLAIM, None, None, record("smallest", 54.0), record("C4", 71.0),
+                                                 backwards)["test"]
 
 
 def test_a_stall_counts_as_the_claimed_outcome_only_for_the_lower_row_and_with_a_reason():

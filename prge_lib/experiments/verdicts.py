@@ -47,12 +47,21 @@ SEEDS_NEEDED = f"at least {stats.MIN_SEEDS} seeds a side needed for a verdict"
 
 def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -> str:
     """Where a seed test found no difference: how many seeds a side would detect the paper's gap at the spread
-    the test observed (:func:`stats.seeds_needed`), or "" where the paper gives no numbers or the test no spread."""
-    if paper_a is None or paper_b is None or result.get("sd") is None or paper_a == paper_b:
+    the test observed (:func:`stats.seeds_needed`); where the paper orders the rows in a figure only, a gap of the
+    size the test saw, if it lies the claimed way (a planning figure: the true gap may be smaller); "" where the
+    test has no spread, or saw no gap the claimed way."""
+    if result.get("sd") is None:
         return ""
-    gap = paper_a - paper_b
-    return (f"; the paper's gap ({gap:+.1f}) needs {stats.seeds_words(stats.seeds_needed(result, gap))} seeds a "
-            f"side to be found at this spread ({stats.POWER:.0%} power)")
+    if paper_a is not None and paper_b is not None:
+        gap, what = paper_a - paper_b, "the paper's gap"
+    else:
+        gap, what = result["difference"], "a gap of the size seen"
+        if gap <= 0:
+            return ""
+    if gap == 0:
+        return ""
+    return (f"; {what} ({gap:+.1f}) needs {stats.seeds_words(stats.seeds_needed(result, gap))} seeds a side to be "
+            f"found at this spread ({stats.POWER:.0%} power)")
 
 
 def _seeds_for_margin(others: list[tuple[dict, dict]], margin: float) -> str:
@@ -77,8 +86,8 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
     the paper gives the ordering only in a figure: then "a above b"): REPRODUCED when the seed test finds a
     difference of the paper's sign, NOT_REPRODUCED when it finds one of the other sign, INCONCLUSIVE when it
     finds none, cannot test (one seed), has fewer than ``stats.MIN_SEEDS`` seeds a side (its word is then
-    ``stats.FEW_SEEDS``, not a difference), or a row never trained. A test that found no difference of a claim
-    with the paper's numbers adds how many seeds a side would find the paper's gap at the spread observed.
+    ``stats.FEW_SEEDS``, not a difference), or a row never trained. A test that found no difference adds how
+    many seeds a side would find the paper's gap at the spread observed (for a claim from a figure, the gap seen).
 
     ``stall_is_outcome``: where the claim is that the lower row does not learn what the upper one does (Guo et
     al. Fig. 6a: only the sensitive mask trains), the caller's reason why the lower row's stall is that outcome
