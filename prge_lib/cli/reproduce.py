@@ -126,9 +126,9 @@ def reproduce_options(rp) -> None:
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
     rp.add_argument("--stage", default="sweep", choices=STAGES,
                     help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
-                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has all its results (the "
-                    "others are named; refused when no row selected is ready) (default sweep: the cells of any "
-                    "other grid)")
+                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has all its "
+                    "results (the others are named; refused when no row selected is ready) (default sweep: the "
+                    "cells of any other grid)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match; "
                          "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")

@@ -69,6 +69,6 @@ __all__ = [
     "cell_status", "list_cells", "price_cells",
     "compare_rows", "compare_scores", "describe", "seeds_needed", "seeds_words",
     "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
-    "memory_beyond", "paper_memory_beyond", "processors_of", "runs_of", "runtime_answers", "summarize", "summary_markdown",
-    "table_of", "training_seconds", "write_summary",
+    "memory_beyond", "paper_memory_beyond", "processors_of", "runs_of", "runtime_answers", "summarize",
+    "summary_markdown", "table_of", "training_seconds", "write_summary",
 ]

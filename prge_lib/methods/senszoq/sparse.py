@@ -172,13 +172,13 @@ class SensZOQ(ZerothOrder):
     on one CPU thread (measured: 5.4 s against 4.95 s at q = 4), hence off by default (``mezo_step``).
     """
 
+    rebuildable = True          # rebuild() replays a run from its projected gradients (a seed checkpoint)
+
     def __init__(self, model, layers: Sequence[SparseDenseLinear], q: int, eps: float, lr: float,
                  seed: int = 0, outer: bool = False, inner: bool = False):
         super().__init__(model, q, eps, lr, seed)
         self.layers, self.outer, self.inner = list(layers), outer, inner
         check_zo_dtype([layer.values for layer in self.layers], "SensZOQ")
-
-    rebuildable = True
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {f"{layer.name}.values": layer.values for layer in self.layers}
