@@ -133,7 +133,8 @@ def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, cap
     assert "grid 'table1' has one stage; the two-stage grids are ['senszoq']" in capsys.readouterr().err
 
 
-def test_the_confirm_stage_runs_the_rows_whose_sweep_is_done_and_names_the_others(tmp_path, capsys):
+def test_the_confirm_stage_runs_the_rows_whose_sweep_is_done_and_names_the_others(tmp_path, capsys,
+                                                                                  monkeypatch):
     """One row's sweep complete: the confirm stage is that row's seeds at its best rate, whatever else sweeps; the
     rows still sweeping are named with what they wait for, and a run that did all it could says they wait."""
     roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
@@ -147,6 +148,13 @@ def test_the_confirm_stage_runs_the_rows_whose_sweep_is_done_and_names_the_other
     assert len(waiting) == rows - 1 and ("sst2", "senszoq-c4-s1e-3") not in waiting
     assert all(missing for missing in waiting.values())
     assert rp.confirm_waiting("senszoq", "paper", only="sst2/senszoq-c4-s1e-3", results=tmp_path) == {}
+    # the plan the CLI runs from gives both at once, from one reading of each sweep result
+    reads = []
+    monkeypatch.setattr("prge_lib.experiments.stages.read_result", lambda path: reads.append(path) or
+                        rp.read_result(path))
+    plan = rp.stage_plan("senszoq", "paper", "confirm", results=tmp_path)
+    assert plan.cells == confirm and plan.waiting == waiting
+    assert sorted(reads) == sorted(c.result_path(tmp_path) for c in sweep)
     assert main(["reproduce", "senszoq", "--profile", "paper", "--stage", "confirm", "--list", *roots]) == 0
     out = capsys.readouterr().out
     assert f"{sum(c.result_path(tmp_path).is_file() for c in confirm)}/{len(confirm)} done" in out

@@ -47,8 +47,8 @@ def run_reproduce(args) -> int:
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
     rp.check_stage(args.grid, args.stage)
     try:
-        cells = rp.stage_cells(args.grid, args.profile, args.stage, seeds, args.only, args.model,
-                               results=roots["results"], **overrides)
+        cells, waiting = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
+                                       results=roots["results"], **overrides)   # the sweep's results read once
     except rp.SweepNotDone as waiting:
         if not (args.list or args.dry_run):
             raise
@@ -57,8 +57,6 @@ def run_reproduce(args) -> int:
     if not cells:
         raise ValueError(f"no cell of grid {args.grid!r} matches --only {args.only!r}; "
                          f"prge reproduce {args.grid} --list shows the names")
-    waiting = rp.confirm_waiting(args.grid, args.profile, args.only, args.model, roots["results"], **overrides) \
-        if args.stage == "confirm" else {}
     if args.list or args.dry_run:
         print(rp.list_cells(cells, pack=pack, **roots))
         for line in _waiting_lines(waiting):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
@@ -109,26 +109,41 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     return stalled
 
 
-def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
-                only: str | None = None, model: str | None = None, results: Path = RESULTS,
-                **overrides) -> list[Cell]:
-    """The cells of ``grid``'s ``stage``: the sweep is :func:`~prge_lib.experiments.cells.grid_cells`; the confirm
-    stage is, per (task, row) whose sweep has all its results, the confirm seeds (or ``seeds``) at the sweep's best
-    rate (:func:`best_rates` of the sweep's results under ``results``); a row still sweeping has none yet
-    (:func:`confirm_waiting` names them). :class:`SweepNotDone` when no row that ``only`` selects is ready."""
+class StagePlan(NamedTuple):
+    """What a stage runs: its ``cells``, and ``waiting``, {(task, row key): its sweep cells without a result} for
+    each confirm row that ``only`` selects whose sweep is not complete (empty for the sweep stage)."""
+    cells: list[Cell]
+    waiting: dict[tuple, list[Cell]]
+
+
+def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
+               only: str | None = None, model: str | None = None, results: Path = RESULTS,
+               **overrides) -> StagePlan:
+    """The cells of ``grid``'s ``stage`` and the confirm rows still waiting, from one reading of the sweep's
+    results: the sweep is :func:`~prge_lib.experiments.cells.grid_cells`; the confirm stage is, per (task, row)
+    whose sweep has all its results, the confirm seeds (or ``seeds``) at the sweep's best rate (:func:`best_rates`
+    of the sweep's results under ``results``); a row still sweeping has none yet and is named in ``waiting``.
+    :class:`SweepNotDone` when no row that ``only`` selects is ready."""
     check_stage(grid, stage)
     if stage == "sweep":
-        return grid_cells(grid, profile, seeds, only, model, **overrides)
+        return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {})
     cells, waiting, total = _confirm_rows(grid, profile, seeds, only, model, results, overrides)
     if waiting and not cells:
         raise SweepNotDone(grid, profile, [c for row in waiting.values() for c in row], total)
-    return cells
+    return StagePlan(cells, waiting)
+
+
+def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
+                only: str | None = None, model: str | None = None, results: Path = RESULTS,
+                **overrides) -> list[Cell]:
+    """The cells of :func:`stage_plan` (for a caller that does not need the rows still waiting)."""
+    return stage_plan(grid, profile, stage, seeds, only, model, results, **overrides).cells
 
 
 def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, model: str | None = None,
                     results: Path = RESULTS, **overrides) -> dict[tuple, list[Cell]]:
     """{(task, row key): its sweep cells without a result} for each row of the confirm stage that ``only`` selects
-    and whose sweep is not complete: the rows :func:`stage_cells` gives no confirm cells yet."""
+    and whose sweep is not complete: the rows :func:`stage_plan` gives no confirm cells yet (its ``waiting``)."""
     return _confirm_rows(grid, profile, None, only, model, results, overrides)[1]
 
 
