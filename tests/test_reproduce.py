@@ -273,6 +273,8 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
     prge = records["prge-q4-E16"]
     assert prge["lr"] == 1e-3 and prge["lrs_tried"] == [1e-4, 1e-3]     # mean val 0.72 beats 0.70
+    planned = next(r for r in rp.GRIDS["table1"]["rows"] if r.key == "prge-q4-E16").lrs["cpu"]
+    assert prge["lrs_planned"] == sorted(planned)
     assert prge["test_mean"] == 75.0 and prge["test_sd"] == round(statistics.stdev([72, 78, 75]), 2)
     assert (prge["test_min"], prge["test_max"], prge["n"]) == (72.0, 78.0, 3)
     assert records["mezo-lorafa-E16"]["test_sd"] is None
@@ -285,7 +287,8 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     # every run's best validation step is step 10 and none records a step-0 score: whether it trained is unknown
     assert prge["trained"] is None and prge["majority"] == 50.92          # SST-2's 872 test sentences: 444 positive
     assert prge["fo_gain_share"] is None                                  # no zero-shot or FO row in this folder
-    assert rp.lr_note(prge) == "lr 1e-3 chosen on validation from {1e-4, 1e-3}"
+    assert rp.lr_note(prge) == ("lr 1e-3 chosen on validation from {1e-4, 1e-3}"
+                                " (at an edge of the rates tried, so a better one may lie beyond it)")
     assert rp.lr_note(records["mezo-lorafa-E16"]) == "lr 1e-3 (one rate tried)"
     behind = rp.runs_of("table1", prge["task"], prge["row"], prge["lr"], tmp_path)   # the files of the record
     assert [r["seed"] for r in behind] == prge["seeds"] == [0, 1, 2]
@@ -296,7 +299,7 @@ def test_summary_chooses_lr_on_validation_and_reports_mean_and_spread(tmp_path):
     assert "| P-RGE (q = 4) | 75.0 ± 3.0 (3) |" in md_path.read_text() and "GPU" not in md_path.read_text()
     assert csv_path.read_text().splitlines()[0].startswith("task,row,label,method,lr,seeds")
     assert "| *always the commonest answer* | 50.9 |" in md_path.read_text()
-    assert "- P-RGE (q = 4): lr 1e-3 chosen on validation from {1e-4, 1e-3}" in md_path.read_text()
+    assert "- P-RGE (q = 4): lr 1e-3 chosen on validation from {1e-4, 1e-3} (at an edge" in md_path.read_text()
     assert prge["device"] == "cpu"
     # a run on a GPU is marked wherever its row is shown, and a row mixing devices says so
     gpu = result("mezo-lorafa-E16", 1e-3, 1, 0.62, 0.65)
@@ -366,10 +369,29 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
                                                                                        best, 0.5)))
     records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
     assert records["mezo-E16"]["lrs_trained"] == [] and records["prge-q4-E16"]["lrs_trained"] == [1e-3]
-    assert records["zeroshot"]["lrs_trained"] == []
+    assert records["zeroshot"]["lrs_trained"] == [] and records["zeroshot"]["lrs_planned"] == []
     assert rp.lr_note(records["mezo-E16"]) == ("lr 1e-6 chosen on validation from {1e-7, 1e-6}, where no rate "
                                                "trained: the choice is the noise of a validation score")
-    assert rp.lr_note(records["prge-q4-E16"]) == "lr 1e-3 chosen on validation from {1e-4, 1e-3}"
+    assert rp.lr_note(records["prge-q4-E16"]) == ("lr 1e-3 chosen on validation from {1e-4, 1e-3}"
+                                                  " (at an edge of the rates tried, so a better one may lie beyond it)")
+
+
+def test_the_lr_note_says_an_edge_and_the_rates_still_to_run():
+    """A rate chosen inside the rates tried says nothing more; at their edge it says a better one may lie beyond;
+    the grid's rates not yet run are named, with one rate tried as with several; a row where no rate trained has
+    no edge to speak of (its choice is noise)."""
+    note = lambda lr, tried, planned=(), trained=None: rp.lr_note(  # noqa: E731
+        {"lr": lr, "lrs_tried": tried, "lrs_planned": list(planned), "lrs_trained": trained})
+    assert note(1e-4, [1e-5, 1e-4, 1e-3], [1e-5, 1e-4, 1e-3]) == "lr 1e-4 chosen on validation from {1e-5, 1e-4, 1e-3}"
+    assert note(1e-5, [1e-5, 1e-4], [1e-7, 1e-6, 1e-5, 1e-4, 1e-3], [1e-5, 1e-4]) == (
+        "lr 1e-5 chosen on validation from {1e-5, 1e-4} (at an edge of the rates tried, so a better one may lie beyond it; {1e-7, 1e-6, 1e-3} of its grid "
+        "still to run)")
+    assert note(1e-3, [1e-3], [1e-4, 1e-3]) == "lr 1e-3 (one rate tried; {1e-4} of its grid still to run)"
+    assert note(1e-3, [1e-3], [1e-3]) == "lr 1e-3 (one rate tried)"
+    assert note(1e-1, [1e-2, 1e-1], [1e-2, 1e-1], []) == (
+        "lr 1e-1 chosen on validation from {1e-2, 1e-1}, where no rate trained: the choice is the noise of a "
+        "validation score")
+    assert note(None, []) == "no training"
 
 
 def test_device_runs_the_same_cell():

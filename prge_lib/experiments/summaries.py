@@ -205,10 +205,11 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         runs = sorted(runs, key=lambda r: r["seed"])
         tests = [100 * r["best_val"]["test"] for r in runs]
         vals = [100 * r["best_val"]["val"] for r in runs]
-        label = next((x.label for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), row)
+        spec = next((x for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), None)
+        zero_shot = runs[0]["method"] == "zeroshot"
+        label = spec.label if spec is not None else row
         seconds = [training_seconds(r) for r in runs]
         devices = sorted({device_of(r) for r in runs})
-        zero_shot = runs[0]["method"] == "zeroshot"
         moved = [left_zero_shot(r) for r in runs]
         records.append({
             "task": task, "row": row, "label": label, "method": runs[0]["method"], "lr": lr, "seeds": [r["seed"] for r in runs],
@@ -217,6 +218,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "test_sd": round(statistics.stdev(tests), 2) if len(tests) > 1 else None,
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
+            "lrs_planned": [] if zero_shot or spec is None else sorted(spec.lrs.get(profile, ())),
             "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
@@ -302,15 +304,24 @@ def format_score(record: dict) -> str:
 
 def lr_note(record: dict) -> str:
     """How a record's learning rate was set: "lr 1e-3 chosen on validation from {1e-4, 1e-3}" where several were
-    tried (saying so where no run at any of them left zero-shot), "lr 1e-3 (one rate tried)" where one was."""
+    tried (saying so where no run at any of them left zero-shot, and where the rate chosen lies at an edge of those
+    tried, so that a better one may lie beyond it), "lr 1e-3 (one rate tried)" where one was; and the rates of
+    the row's grid (``lrs_planned``) that have not run yet."""
     if record["lr"] is None:
         return "no training"
-    if len(record["lrs_tried"]) > 1:
-        chosen = f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, record['lrs_tried']))}}}"
-        if record.get("lrs_trained") == []:
-            return f"{chosen}, where no rate trained: the choice is the noise of a validation score"
-        return chosen
-    return f"lr {lr_text(record['lr'])} (one rate tried)"
+    tried = record["lrs_tried"]
+    waiting = [lr for lr in record.get("lrs_planned") or () if lr not in tried]
+    later = f"{{{', '.join(map(lr_text, waiting))}}} of its grid still to run" if waiting else ""
+    if len(tried) == 1:
+        return f"lr {lr_text(record['lr'])} (one rate tried{'; ' + later if later else ''})"
+    chosen = f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, tried))}}}"
+    notes = []
+    if record.get("lrs_trained") == []:
+        chosen += ", where no rate trained: the choice is the noise of a validation score"
+    elif record["lr"] in (tried[0], tried[-1]):
+        notes.append("at an edge of the rates tried, so a better one may lie beyond it")
+    notes += [later] if later else []
+    return chosen + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _joined_by_task(records: list[dict], text) -> str:

@@ -19,6 +19,7 @@ class SummaryRow(TypedDict):
     test_min: float
     test_max: float
     lrs_tried: list[float]
+    lrs_planned: list[float]    # the row's grid rates for its profile ([]: zero-shot, or a row no grid names)
     lrs_trained: list[float] | None   # the rates at which some run left zero-shot (None: a run without a start)
     train_min: float | None     # mean training minutes per run (None: zero-shot rows)
     device: str                 # "cpu", "cuda" or "cpu+cuda"
