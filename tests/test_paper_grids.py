@@ -321,3 +321,21 @@ def test_a_row_whose_sweep_never_left_zero_shot_is_named_not_confirmed_silently(
                     "not its rate"]
     _write(random_cells[3], tmp_path, 0.9)  # no step-0 evaluation: whether it moved is unknown
     assert rp.untrained_rows(sweep, tmp_path) == []
+
+
+def test_seeds_beyond_the_plan_are_named_as_a_second_look(tmp_path):
+    """A confirm seed the grid does not plan (``--stage confirm --seeds 4``, run after a first test) is named in
+    the row's ``added_seeds`` and in summary.md; the planned sweep and confirm seeds are not."""
+    sweep = rp.grid_cells("senszoq", "cpu", only="sst2/senszoq-c4-s1e-3")
+    for cell in sweep:
+        _write(cell, tmp_path, 0.7 if cell.lr == 1e-4 else 0.6)
+    planned = rp.stage_cells("senszoq", "cpu", "confirm", only="sst2/senszoq-c4-s1e-3", results=tmp_path)
+    extra = rp.stage_cells("senszoq", "cpu", "confirm", seeds=[4], only="sst2/senszoq-c4-s1e-3", results=tmp_path)
+    for cell in planned + extra:
+        _write(cell, tmp_path, 0.7)
+    record = next(r for r in rp.summarize("senszoq", tmp_path) if r["row"] == "senszoq-c4-s1e-3")
+    assert record["seeds"] == sorted({0, 4, *rp.GRIDS["senszoq"]["confirm_seeds"]["cpu"]})
+    assert record["added_seeds"] == [4]
+    _, md_path = rp.write_summary("senszoq", tmp_path)
+    assert "run after a first look at a comparison (the chapters' tests count the looks): SensZOQ (c4 mask, " \
+           "0.1%) on sst2: seed 4." in md_path.read_text()

@@ -75,6 +75,31 @@ def test_compare_scores_picks_the_test_and_the_word():
     assert "p = " in stats.describe(same) and stats.describe(one).endswith(stats.UNTESTED)
 
 
+def test_a_second_look_is_held_to_a_stricter_level():
+    # differences 3, 1, 4, 2: mean 2.5, sd sqrt(5/3), se sqrt(5/3)/2 = 0.6455, t = 3.873 on 3 df, p = 0.0305:
+    # a difference at 0.05, none at 0.05 / 2 (two looks), whose 97.5% interval 2.5 ± t(0.9875; 3) * se crosses 0
+    a, b = {0: 73, 1: 71, 2: 74, 3: 72}, {0: 70, 1: 70, 2: 70, 3: 70}
+    first, second = stats.compare_scores(a, b), stats.compare_scores(a, b, looks=2)
+    assert first["p"] == second["p"] == pytest.approx(0.03047, abs=1e-5)
+    assert first["verdict"] == stats.DIFFERENCE and second["verdict"] == stats.NO_DIFFERENCE
+    se = math.sqrt(5 / 3) / 2
+    assert second["ci"] == pytest.approx((2.5 - 4.176535 * se, 2.5 + 4.176535 * se), abs=1e-5)
+    assert second["alpha"] == 0.025 and second["looks"] == 2 and first["looks"] == 1
+    assert "95% CI" in stats.describe(first) and " at α" not in stats.describe(first)
+    assert stats.describe(second).endswith("97.5% CI [-0.2, 5.2]: no difference shown at α = 0.025 (2 looks)")
+    # rows' added seeds count the looks, once each seed: seed 3 added to both rows is one more look
+    runs = lambda scores: [{"seed": k, "best_val": {"test": v / 100}} for k, v in scores.items()]  # noqa: E731
+    rec_a = {"row": "a", "task": "sst2", "added_seeds": [3]}
+    rec_b = {"row": "b", "task": "sst2", "added_seeds": [3]}
+    both = stats.compare_rows(rec_a, runs(a), rec_b, runs(b))
+    assert both["looks"] == 2 and both["added_seeds"] == [3] and both["verdict"] == stats.NO_DIFFERENCE
+    assert stats.describe(both).endswith("at α = 0.025 (2 looks: seed 3 added after the first)")
+    plain = stats.compare_rows({"row": "a", "task": "sst2"}, runs(a), {"row": "b", "task": "sst2"}, runs(b))
+    assert plain["looks"] == 1 and plain["verdict"] == stats.DIFFERENCE
+    with pytest.raises(ValueError, match="looks must be a whole number >= 1, got 0"):
+        stats.compare_scores(a, b, looks=0)
+
+
 def test_bootstrap_enumerates_small_samples():
     # n = 3: 27 equally likely resamples; their means run from 0 to 3, the 2.5% and 97.5% points are 0 and 3
     assert stats.bootstrap_interval([0.0, 1.5, 3.0]) == (0.0, 3.0)

@@ -8,7 +8,8 @@ two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` se
 three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
 difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
 (power ``POWER``), and :func:`seeds_for_equivalence` how many would put the interval inside an equivalence
-margin. Student's t distribution is computed here from the regularized incomplete beta function (:func:`t_sf`,
+margin. Seeds run beyond a grid's plan after a first test make the next test a second look, held to
+``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed here from the regularized incomplete beta function (:func:`t_sf`,
 :func:`t_quantile`).
 """
 from __future__ import annotations
@@ -91,19 +92,20 @@ def t_quantile(prob: float, df: float) -> float:
     return (lo + hi) / 2
 
 
-def _t_test(estimate: float, se: float, df: float) -> tuple[float, float, tuple[float, float]]:
-    """t, two-sided p and the (1 - ALPHA) interval of an estimate with standard error ``se`` on ``df`` df; a zero
+def _t_test(estimate: float, se: float, df: float,
+            alpha: float = ALPHA) -> tuple[float, float, tuple[float, float]]:
+    """t, two-sided p and the (1 - alpha) interval of an estimate with standard error ``se`` on ``df`` df; a zero
     standard error gives t = ±inf (p 0) for a non-zero estimate and t = 0 (p 1) for a zero one."""
     if se == 0:
         t = 0.0 if estimate == 0 else math.copysign(math.inf, estimate)
         return t, (1.0 if t == 0 else 0.0), (estimate, estimate)
     t = estimate / se
-    half = t_quantile(1 - ALPHA / 2, df) * se
+    half = t_quantile(1 - alpha / 2, df) * se
     return t, two_sided_p(t, df), (estimate - half, estimate + half)
 
 
-def bootstrap_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval (1 - ALPHA) of the mean of ``values``: every resample enumerated when n^n is
+def bootstrap_interval(values: list[float], seed: int = 0, alpha: float = ALPHA) -> tuple[float, float]:
+    """Percentile bootstrap interval (1 - alpha) of the mean of ``values``: every resample enumerated when n^n is
     at most BOOTSTRAP_DRAWS, else BOOTSTRAP_DRAWS seeded resamples."""
     n = len(values)
     if n ** n <= BOOTSTRAP_DRAWS:
@@ -112,21 +114,22 @@ def bootstrap_interval(values: list[float], seed: int = 0) -> tuple[float, float
         rng = random.Random(seed)
         means = [statistics.fmean(rng.choices(values, k=n)) for _ in range(BOOTSTRAP_DRAWS)]
     means.sort()
-    lo = means[math.floor(ALPHA / 2 * (len(means) - 1))]
-    hi = means[math.ceil((1 - ALPHA / 2) * (len(means) - 1))]
+    lo = means[math.floor(alpha / 2 * (len(means) - 1))]
+    hi = means[math.ceil((1 - alpha / 2) * (len(means) - 1))]
     return lo, hi
 
 
-def paired(a: list[float], b: list[float]) -> dict:
+def paired(a: list[float], b: list[float], alpha: float = ALPHA) -> dict:
     """Paired t test of mean(a - b), a[i] and b[i] from the same seed: the mean difference, t on n - 1 df, the
-    two-sided p, the t interval, and the bootstrap interval over seeds where n >= BOOTSTRAP_MIN_N."""
+    two-sided p, the (1 - alpha) t interval, and the bootstrap interval over seeds where n >= BOOTSTRAP_MIN_N."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"a paired test needs two equally long lists of at least 2 values, got {len(a)} and {len(b)}")
     diffs = [x - y for x, y in zip(a, b)]
     n, mean = len(diffs), statistics.fmean(diffs)
-    t, p, ci = _t_test(mean, statistics.stdev(diffs) / math.sqrt(n), n - 1)
+    t, p, ci = _t_test(mean, statistics.stdev(diffs) / math.sqrt(n), n - 1, alpha)
     return {"test": "paired t", "n": n, "difference": mean, "statistic": t, "df": n - 1, "p": p, "ci": ci,
-            "sd": statistics.stdev(diffs), "bootstrap_ci": bootstrap_interval(diffs) if n >= BOOTSTRAP_MIN_N else None}
+            "sd": statistics.stdev(diffs), "alpha": alpha,
+            "bootstrap_ci": bootstrap_interval(diffs, alpha=alpha) if n >= BOOTSTRAP_MIN_N else None}
 
 
 def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
@@ -137,16 +140,17 @@ def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
     return (sa + sb) ** 2 / (sa ** 2 / (n_a - 1) + sb ** 2 / (n_b - 1))
 
 
-def welch(a: list[float], b: list[float]) -> dict:
-    """Welch's t test of mean(a) - mean(b) for independent samples of at least 2 values each."""
+def welch(a: list[float], b: list[float], alpha: float = ALPHA) -> dict:
+    """Welch's t test of mean(a) - mean(b) for independent samples of at least 2 values each, with its
+    (1 - alpha) interval."""
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"Welch's test needs at least 2 values a side, got {len(a)} and {len(b)}")
     var_a, var_b = statistics.variance(a), statistics.variance(b)
     df = welch_df(var_a, len(a), var_b, len(b))
     mean = statistics.fmean(a) - statistics.fmean(b)
-    t, p, ci = _t_test(mean, math.sqrt(var_a / len(a) + var_b / len(b)), df)
+    t, p, ci = _t_test(mean, math.sqrt(var_a / len(a) + var_b / len(b)), df, alpha)
     return {"test": "Welch t", "n": (len(a), len(b)), "difference": mean, "statistic": t, "df": df, "p": p,
-            "ci": ci, "sd": (math.sqrt(var_a), math.sqrt(var_b)), "bootstrap_ci": None}
+            "ci": ci, "sd": (math.sqrt(var_a), math.sqrt(var_b)), "alpha": alpha, "bootstrap_ci": None}
 
 
 def power(gap: float, se: float, df: float) -> float:
@@ -228,49 +232,67 @@ def fewest_seeds(result: dict) -> int:
     return min(n) if isinstance(n, tuple) else n
 
 
-def verdict_of(p: float | None, fewest: int) -> str:
+def verdict_of(p: float | None, fewest: int, alpha: float = ALPHA) -> str:
     """The word for a two-sided p value from a test with ``fewest`` seeds on its smaller side: DIFFERENCE below
-    ALPHA with at least MIN_SEEDS seeds a side, FEW_SEEDS below ALPHA with fewer, NO_DIFFERENCE otherwise,
+    ``alpha`` with at least MIN_SEEDS seeds a side, FEW_SEEDS below it with fewer, NO_DIFFERENCE otherwise,
     UNTESTED for None."""
     if p is None:
         return UNTESTED
-    if p >= ALPHA:
+    if p >= alpha:
         return NO_DIFFERENCE
     return DIFFERENCE if fewest >= MIN_SEEDS else FEW_SEEDS
 
 
-def compare_scores(a: dict[int, float], b: dict[int, float]) -> dict:
+def compare_scores(a: dict[int, float], b: dict[int, float], looks: int = 1) -> dict:
     """Test of the difference between two rows' scores, each given as {seed: score}: paired when both rows have
-    the same seeds (at least two), Welch otherwise (at least two a side), untested with a single seed."""
+    the same seeds (at least two), Welch otherwise (at least two a side), untested with a single seed.
+
+    ``looks``: how many times this comparison has been tested as seeds came in. Seeds added because a first test
+    came out inconclusive make the last test one of several, and a test at ALPHA each time would call a
+    difference more often than ALPHA when there is none; each look is then held to ALPHA / looks (Bonferroni
+    over the looks: conservative, and valid however the looks were spaced), its interval widened to match."""
+    if not (isinstance(looks, int) and looks >= 1):
+        raise ValueError(f"looks must be a whole number >= 1, got {looks!r}")
+    alpha = ALPHA / looks
     if sorted(a) == sorted(b) and len(a) >= 2:
         seeds = sorted(a)
-        result = paired([a[s] for s in seeds], [b[s] for s in seeds])
+        result = paired([a[s] for s in seeds], [b[s] for s in seeds], alpha)
     elif len(a) >= 2 and len(b) >= 2:
-        result = welch(list(a.values()), list(b.values()))
+        result = welch(list(a.values()), list(b.values()), alpha)
     else:
         result = {"test": "none", "n": (len(a), len(b)),
                   "difference": statistics.fmean(a.values()) - statistics.fmean(b.values()),
-                  "statistic": None, "df": None, "p": None, "ci": None, "bootstrap_ci": None}
-    result["verdict"] = verdict_of(result["p"], fewest_seeds(result))
+                  "statistic": None, "df": None, "p": None, "ci": None, "alpha": alpha, "bootstrap_ci": None}
+    result["looks"] = looks
+    result["verdict"] = verdict_of(result["p"], fewest_seeds(result), alpha)
     return result
 
 
 def compare_rows(a: dict, runs_a: list[dict], b: dict, runs_b: list[dict]) -> dict:
     """:func:`compare_scores` of two summary records (``summaries.summarize``) from their runs
     (``summaries.runs_of(grid, task, row, lr)``): the test score (%) at each run's best validation step, by seed.
-    The record adds both rows' keys."""
+    Each seed that either record ran beyond its grid's plan (``added_seeds``) counts as one more look (the most
+    there can have been: seeds added together were one). The record adds both rows' keys and the added seeds."""
     def scores(runs):
         return {r["seed"]: 100 * r["best_val"]["test"] for r in runs}
 
-    result = compare_scores(scores(runs_a), scores(runs_b))
-    result.update(a=a["row"], b=b["row"], task=a["task"])
+    added = sorted(set(a.get("added_seeds") or ()) | set(b.get("added_seeds") or ()))
+    result = compare_scores(scores(runs_a), scores(runs_b), looks=1 + len(added))
+    result.update(a=a["row"], b=b["row"], task=a["task"], added_seeds=added)
     return result
 
 
 def describe(result: dict) -> str:
-    """One line: "+1.4 points, paired t(2) = 0.52, p = 0.66, 95% CI [-10.2, 13.0]: no difference shown"."""
-    level = round(100 * (1 - ALPHA))
+    """One line: "+1.4 points, paired t(2) = 0.52, p = 0.66, 95% CI [-10.2, 13.0]: no difference shown"; a test
+    over several looks (:func:`compare_scores`) says its level and why: "... 97.5% CI [...]: no difference shown
+    at α = 0.025 (2 looks: seed 3 added after the first)"."""
+    alpha = result.get("alpha", ALPHA)
+    level = f"{100 * (1 - alpha):.1f}".rstrip("0").rstrip(".")
     head = f"{result['difference']:+.1f} points"
+    looks = result.get("looks", 1)
+    added = result.get("added_seeds") or ()
+    why = (f" at α = {alpha:.2g} ({looks} looks" + (f": seed{'s' if len(added) > 1 else ''} "
+           f"{', '.join(map(str, added))} added after the first)" if added else ")")) if looks > 1 else ""
     if result["p"] is None:
         return f"{head}: {result['verdict']}"
     df = f"{result['df']:.0f}" if float(result["df"]).is_integer() else f"{result['df']:.1f}"
@@ -278,4 +300,4 @@ def describe(result: dict) -> str:
             f"{level}% CI [{result['ci'][0]:.1f}, {result['ci'][1]:.1f}]")
     if result.get("bootstrap_ci"):
         text += f", bootstrap [{result['bootstrap_ci'][0]:.1f}, {result['bootstrap_ci'][1]:.1f}]"
-    return f"{text}: {result['verdict']}"
+    return f"{text}: {result['verdict']}{why}"

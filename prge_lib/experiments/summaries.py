@@ -219,6 +219,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "lrs_planned": [] if zero_shot or spec is None else sorted(spec.lrs.get(profile, ())),
+            "added_seeds": [] if zero_shot else added_seeds(grid, profile, task, spec, [r["seed"] for r in runs]),
             "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
@@ -230,6 +231,16 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         })
     _add_gain_shares(records)
     return records
+
+
+def added_seeds(grid: str, profile: str, task: str, spec, seeds: list[int]) -> list[int]:
+    """The seeds of a row's runs beyond what its grid plans for ``profile`` (the row's seeds, and a two-stage
+    grid's confirm seeds): seeds added after a first look at a comparison, whose tests count the looks
+    (:func:`~prge_lib.experiments.stats.compare_scores`); [] for a row no grid names."""
+    if spec is None or profile not in spec.seeds:
+        return []
+    planned = set(spec.seeds_for(profile, task)) | set(GRIDS[grid].get("confirm_seeds", {}).get(profile, ()))
+    return sorted(set(seeds) - planned)
 
 
 def _rates_that_trained(by_lr: dict) -> list[float] | None:
@@ -368,6 +379,13 @@ def summary_markdown(records: list[dict]) -> str:
     lines.append("")
     for key, label in rows:
         lines.append(f"- {label}: " + _joined_by_task([r for r in records if r["row"] == key], lr_note))
+    added = [r for r in records if r.get("added_seeds")]
+    if added:
+        lines.append("")
+        lines.append("Seeds beyond the grid's plan, run after a first look at a comparison (the chapters' tests "
+                     "count the looks): " + "; ".join(
+                         f"{r['label']} on {r['task']}: seed{'s' if len(r['added_seeds']) > 1 else ''} "
+                         f"{', '.join(map(str, r['added_seeds']))}" for r in added) + ".")
     shares = [r for r in records if r.get("fo_gain_share") is not None]
     if shares:
         lines.append("")
