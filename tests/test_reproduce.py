@@ -556,10 +556,39 @@ def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path
     listing = rp.list_cells(rp.grid_cells("table1", "cpu", only="wnli/prge-q4"), rp.RESULTS)      # not run yet
     assert "seconds per step measured in committed SST-2 cells" in listing and \
         f"prge {found[0]:.1f} s ({found[1]})" in listing
-    monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS: {})
+    monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS, processor=None: {})
     assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
     assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
                                                    "(no committed cell to measure): prge")
+
+
+def test_a_step_is_priced_from_this_processors_runs_where_it_has_enough(tmp_path, monkeypatch):
+    """Runs that computed on one processor alone price a step for that processor; a machine with at least
+    LOCAL_MIN_RUNS of them for a method prices from those only, and --list says so; another machine from all."""
+    from prge_lib.experiments import estimates
+
+    made = [p for p in sorted(rp.RESULTS.glob("senszoq/sst2/senszoq-*.json"))
+            if "same_run_as" not in rp.read_result(p)]             # an adopted run is priced in its own grid
+    for i, path in enumerate(made[:4]):         # four runs, the first three on processor "A", the last on A and B
+        run = json.loads(path.read_text())
+        run["sittings"] = [{"step": 0, "processor": "A"}] + ([{"step": 5, "processor": "B"}] if i == 3 else [])
+        copy = tmp_path / path.relative_to(rp.RESULTS)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(json.dumps(run))
+    medians = [rp.read_result(p)["step_s"]["median"] for p in made[:4]]
+    assert rp.measured_step_seconds(tmp_path, "A")["senszoq"] == (statistics.median(medians[:3]), 3)
+    assert "senszoq" not in rp.measured_step_seconds(tmp_path, "B")        # B computed only part of a run
+    assert rp.measured_step_seconds(tmp_path)["senszoq"] == (statistics.median(medians), 4)
+    # the committed runs: the processor with the most SensZOQ runs prices from its own; an unknown one from all
+    names = [estimates.processors_of(rp.read_result(p)) for p in made]
+    busiest = max({n[0] for n in names if len(n) == 1}, key=lambda n: names.count([n]))
+    assert names.count([busiest]) >= estimates.LOCAL_MIN_RUNS
+    monkeypatch.setattr(estimates, "cpu_name", lambda: busiest)
+    assert estimates.step_measure("senszoq") == (*rp.measured_step_seconds(rp.RESULTS, busiest)["senszoq"], True)
+    assert f"(this processor: {busiest})" in rp.step_basis([{"method": "senszoq"}])
+    monkeypatch.setattr(estimates, "cpu_name", lambda: "a processor no run used")
+    assert estimates.step_measure("senszoq") == (*rp.measured_step_seconds()["senszoq"], False)
+    assert "this processor" not in rp.step_basis([{"method": "senszoq"}])
 
 
 def test_a_cell_another_grid_has_run_is_adopted_not_run_again(tmp_path, monkeypatch):

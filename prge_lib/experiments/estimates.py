@@ -12,12 +12,14 @@ import statistics
 from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
+from prge_lib.common.provenance import cpu_name
 from prge_lib.data.splits import DataUnavailableError, sample_task
 from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.methods import configurations
 from prge_lib.experiments.cells import Cell, grid_cells, grid_folder
 from prge_lib.experiments.grids import GRIDS
 from prge_lib.experiments.results import read_if_present
+from prge_lib.experiments.summaries import processors_of
 from prge_lib.methods import registry
 
 # Seconds per training step of each method come from the committed result files (:func:`measured_step_seconds`):
@@ -118,12 +120,16 @@ def _at_reference_batch(config: dict) -> bool:
     return all(config.get(k) == defaults[k] for k in ("E", "q", "batch_size") if k in defaults)
 
 
+LOCAL_MIN_RUNS = 3     # runs on this machine's processor that price a step without the other processors' runs
+
+
 @functools.lru_cache(maxsize=None)
-def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int]]:
+def measured_step_seconds(results: Path = RESULTS, processor: str | None = None) -> dict[str, tuple[float, int]]:
     """{:func:`rate_key`: (median seconds per step, runs measured)} over the committed training runs in the grids'
     folders under ``results`` (cpu profile) that price a step: SST-2, on the CPU at 1 torch thread, not packed, not
     in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them); a run
-    one grid adopted from another (``same_run_as``) counts once."""
+    one grid adopted from another (``same_run_as``) counts once. ``processor``: only the runs that computed on it
+    alone, in every sitting (:func:`~prge_lib.experiments.summaries.processors_of`)."""
     steps: dict[str, list[float]] = {}
     for path in sorted(p for grid in GRIDS for p in (Path(results) / grid_folder(grid, "cpu")).rglob("*.json")):
         try:
@@ -136,23 +142,39 @@ def measured_step_seconds(results: Path = RESULTS) -> dict[str, tuple[float, int
                 or config.get("program") or hardware.get("torch_threads") != 1 or not median
                 or config.get("method") not in registry.names() or not _at_reference_batch(config)):
             continue
+        if processor is not None and processors_of(result) != [processor]:
+            continue
         steps.setdefault(rate_key(config), []).append(median)
     return {key: (statistics.median(times), len(times)) for key, times in sorted(steps.items())}
 
 
+def step_measure(key: str) -> tuple[float, int, bool] | None:
+    """(median seconds per step, runs, whether they all ran on this machine's processor) of :func:`rate_key`
+    ``key``: this processor's runs where it has at least :data:`LOCAL_MIN_RUNS` (CPU models differ by 1.5x and
+    more at one thread), else every processor's; None without a committed run."""
+    here = cpu_name()
+    local = measured_step_seconds(RESULTS, here).get(key) if here else None
+    if local and local[1] >= LOCAL_MIN_RUNS:
+        return (*local, True)
+    found = measured_step_seconds().get(key)
+    return (*found, False) if found else None
+
+
 def step_rate(config: dict) -> float:
-    """Seconds per SST-2 step of ``config``'s method at its Table 1 batch: measured (:func:`measured_step_seconds`)
-    or, without a committed cell, :data:`ASSUMED_SECONDS_PER_STEP`."""
-    return measured_step_seconds().get(rate_key(config), (ASSUMED_SECONDS_PER_STEP, 0))[0]
+    """Seconds per SST-2 step of ``config``'s method at its Table 1 batch: measured (:func:`step_measure`) or,
+    without a committed cell, :data:`ASSUMED_SECONDS_PER_STEP`."""
+    found = step_measure(rate_key(config))
+    return found[0] if found else ASSUMED_SECONDS_PER_STEP
 
 
 def step_basis(configs: list[dict]) -> str:
     """Where the step times of ``configs`` come from, in one line (what --list prints)."""
     keys = sorted({rate_key(c) for c in configs})
-    measured = measured_step_seconds()
-    found = [f"{k} {measured[k][0]:.1f} s ({measured[k][1]})" for k in keys if k in measured]
+    measured = {k: found for k in keys if (found := step_measure(k))}
+    found = [f"{k} {s:.1f} s ({n}{' on this processor' if here else ''})" for k, (s, n, here) in measured.items()]
     assumed = [k for k in keys if k not in measured]
-    parts = [f"measured in committed SST-2 cells (median s/step, cells): {', '.join(found)}"] if found else []
+    where = f" (this processor: {cpu_name()})" if any(here for _, _, here in measured.values()) else ""
+    parts = [f"measured in committed SST-2 cells (median s/step, cells): {', '.join(found)}{where}"] if found else []
     if assumed:
         parts.append(f"assumed {ASSUMED_SECONDS_PER_STEP} s (no committed cell to measure): {', '.join(assumed)}")
     return "seconds per step " + "; ".join(parts)

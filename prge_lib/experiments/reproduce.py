@@ -26,10 +26,10 @@ from __future__ import annotations
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, checkpoint_root, grid_cells, grid_folder
 from prge_lib.experiments.estimates import (ASSUMED_SECONDS_PER_STEP, BENCH_LOAD_SECONDS, BENCH_STEP_SECONDS,
-                                            DEVICE_ASSUMPTION, EVAL_SECONDS, PACK_ASSUMPTION, bench_pack_shares,
-                                            device_shares, estimate_seconds, evaluation_factor,
+                                            DEVICE_ASSUMPTION, EVAL_SECONDS, LOCAL_MIN_RUNS, PACK_ASSUMPTION,
+                                            bench_pack_shares, device_shares, estimate_seconds, evaluation_factor,
                                             measured_step_seconds, pack_step_share, prompt_length_factor,
-                                            step_basis, step_seconds)
+                                            step_basis, step_measure, step_seconds)
 from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, LM_STEPS,
                                         PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
                                         TABLE2_LITE_ROWS, ZERO_SHOT, Row, lr_text)
@@ -55,7 +55,8 @@ __all__ = [
     "Cell", "checkpoint_root", "grid_cells", "grid_folder",
     "ASSUMED_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS",
     "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "device_shares", "estimate_seconds", "evaluation_factor",
-    "measured_step_seconds", "pack_step_share", "bench_pack_shares", "prompt_length_factor", "step_basis",
+    "LOCAL_MIN_RUNS", "measured_step_seconds", "pack_step_share", "bench_pack_shares", "prompt_length_factor",
+    "step_basis", "step_measure",
     "step_seconds",
     "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Row", "lr_text",
