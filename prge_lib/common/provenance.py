@@ -4,6 +4,7 @@ A result without its provenance cannot be checked, so ``write_result`` refuses t
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -50,8 +51,10 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_name() -> str | None:
-    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None), read once a process:
+    it prices every cell of a ``--list``."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)

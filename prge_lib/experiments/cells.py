@@ -85,7 +85,7 @@ class Cell:
         """The seeds the cell's grid gives its row and task in its stage (a cell of another seed needs --seeds)."""
         if self.stage == "confirm":
             return tuple(GRIDS[self.grid]["confirm_seeds"][self.profile])
-        return self.row.seeds_for(self.profile, self.task) if self.profile in self.row.seeds else ()
+        return self.row.planned_seeds(self.profile, self.task)
 
 
 def grid_folder(grid: str, profile: str = "cpu") -> str:

@@ -38,6 +38,10 @@ class Row:
         profile's."""
         return tuple(self.task_seeds.get(profile, {}).get(task, self.seeds[profile]))
 
+    def planned_seeds(self, profile: str, task: str) -> tuple:
+        """:meth:`seeds_for`, or () where the row plans no seeds under ``profile``."""
+        return self.seeds_for(profile, task) if profile in self.seeds else ()
+
 
 def lr_text(lr: float) -> str:
     """A learning rate as file names carry it: 1e-3, 3e-4, 1.5e-4."""

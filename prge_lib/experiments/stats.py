@@ -289,10 +289,12 @@ def describe(result: dict) -> str:
     alpha = result.get("alpha", ALPHA)
     level = f"{100 * (1 - alpha):.1f}".rstrip("0").rstrip(".")
     head = f"{result['difference']:+.1f} points"
-    looks = result.get("looks", 1)
-    added = result.get("added_seeds") or ()
-    why = (f" at α = {alpha:.2g} ({looks} looks" + (f": seed{'s' if len(added) > 1 else ''} "
-           f"{', '.join(map(str, added))} added after the first)" if added else ")")) if looks > 1 else ""
+    looks, added = result.get("looks", 1), result.get("added_seeds") or ()
+    why = ""
+    if looks > 1:
+        after = f": seed{'s' if len(added) > 1 else ''} {', '.join(map(str, added))} added after the first" \
+            if added else ""
+        why = f" at α = {alpha:.2g} ({looks} looks{after})"
     if result["p"] is None:
         return f"{head}: {result['verdict']}"
     df = f"{result['df']:.0f}" if float(result["df"]).is_integer() else f"{result['df']:.1f}"

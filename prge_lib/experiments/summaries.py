@@ -198,14 +198,14 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
         if len(planned) > 1:
             raise ValueError(f"{grid_folder(grid, profile)}: the {task}/{row} runs were set to different step "
                              f"counts {sorted(planned)}; keep one count per folder (--results-dir)")
+        spec = next((x for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), None)
         candidates = list(by_lr.items())
         if "confirm_seeds" in GRIDS.get(grid, {}):       # ties to the smaller rate, as the confirm stage chose
             candidates.sort(key=lambda kv: (kv[0] is not None, kv[0] or 0))
-        lr, runs = max(candidates, key=lambda kv: _selection_score(grid, profile, task, row, kv[1]))
+        lr, runs = max(candidates, key=lambda kv: _selection_score(grid, profile, task, spec, kv[1]))
         runs = sorted(runs, key=lambda r: r["seed"])
         tests = [100 * r["best_val"]["test"] for r in runs]
         vals = [100 * r["best_val"]["val"] for r in runs]
-        spec = next((x for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), None)
         zero_shot = runs[0]["method"] == "zeroshot"
         label = spec.label if spec is not None else row
         seconds = [training_seconds(r) for r in runs]
@@ -239,7 +239,7 @@ def added_seeds(grid: str, profile: str, task: str, spec, seeds: list[int]) -> l
     (:func:`~prge_lib.experiments.stats.compare_scores`); [] for a row no grid names."""
     if spec is None or profile not in spec.seeds:
         return []
-    planned = set(spec.seeds_for(profile, task)) | set(GRIDS[grid].get("confirm_seeds", {}).get(profile, ()))
+    planned = set(spec.planned_seeds(profile, task)) | set(GRIDS[grid].get("confirm_seeds", {}).get(profile, ()))
     return sorted(set(seeds) - planned)
 
 
@@ -252,14 +252,12 @@ def _rates_that_trained(by_lr: dict) -> list[float] | None:
     return sorted(lr for lr, flags in moved.items() if any(flags))
 
 
-def _selection_score(grid: str, profile: str, task: str, row: str, runs: list[dict]) -> float:
+def _selection_score(grid: str, profile: str, task: str, spec, runs: list[dict]) -> float:
     """The mean validation score a learning rate is chosen by: over all its runs, or in a two-stage grid
-    (:mod:`~prge_lib.experiments.stages`) over its sweep seeds' runs only, the choice the confirm stage was run at
-    (a rate the sweep lacks scores nothing)."""
-    spec = GRIDS.get(grid, {})
-    if "confirm_seeds" in spec:
-        found = next((x for x in spec["rows"] if x.key == row), None)
-        sweep = found.seeds_for(profile, task) if found is not None and profile in found.seeds else ()
+    (:mod:`~prge_lib.experiments.stages`) over the sweep seeds' runs of its row ``spec`` only, the choice the
+    confirm stage was run at (a rate the sweep lacks scores nothing)."""
+    if "confirm_seeds" in GRIDS.get(grid, {}):
+        sweep = spec.planned_seeds(profile, task) if spec is not None else ()
         runs = [r for r in runs if r["seed"] in sweep]
         if not runs:
             return float("-inf")
