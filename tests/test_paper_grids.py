@@ -55,12 +55,14 @@ def test_table1_paper_seeds_are_per_task_and_the_grids_are_the_issues():
         {"adapter": "lora", "r": 8, "alpha": 16, "quant": "nf4", "eps": 1e-3}
 
 
-def _write(cell, root, val, test=0.6, device=None):
-    """A synthetic result of ``cell`` (its own config; validation score ``val``) under ``root``."""
+def _write(cell, root, val, test=0.6, device=None, start=None):
+    """A synthetic result of ``cell`` (its own config; validation score ``val``; a step-0 score ``start`` where
+    given) under ``root``."""
     point = {"step": 10, "val": val, "test": test}
+    evals = [point] if start is None else [{"step": 0, "val": start, "test": 0.5}, point]
     config = dict(cell.config(), **({"device": device} if device else {}))
     result = {"kind": "train", "task": cell.task, "method": config["method"], "seed": cell.seed, "steps": 2,
-              "config": config, "best_val": point, "final": point, "evals": [point], "losses": [1.0, 0.9],
+              "config": config, "best_val": point, "final": point, "evals": evals, "losses": [1.0, 0.9],
               "step_s": {"median": 0.1, "per_step": [0.1, 0.1]}, "elapsed_s": {"train_s": 0.2, "eval_s": 0.5},
               "cell": {"grid": cell.grid, "profile": cell.profile, "name": cell.name, "row": cell.row.key,
                        "lr": cell.lr},
@@ -77,8 +79,9 @@ def test_the_confirm_stage_runs_the_sweeps_best_validation_rate(tmp_path):
     vals = {1e-4: 0.50, 3e-4: 0.52, 1e-3: 0.55, 3e-3: 0.61, 1e-2: 0.61, 3e-2: 0.58, 1e-1: 0.49}
     for cell in sweep:
         _write(cell, tmp_path, vals[cell.lr])
-    rates, missing = rp.best_rates(sweep, tmp_path)
+    rates, missing, beyond = rp.best_rates(sweep, tmp_path)
     assert rates == {("rte", "senszoq-random-s1e-3"): 3e-3} and missing == []      # a tie goes to the smaller
+    assert beyond == {}                                                 # the whole grid ran: nothing left out
     confirm = rp.stage_cells("senszoq", "paper", "confirm", only=row, results=tmp_path)
     assert [(c.lr, c.seed, c.stage) for c in confirm] == [(3e-3, 0, "confirm"), (3e-3, 1, "confirm"),
                                                           (3e-3, 2, "confirm")]
@@ -97,6 +100,72 @@ def test_the_confirm_stage_runs_the_sweeps_best_validation_rate(tmp_path):
     assert rp.sweep_edges("senszoq", "paper", rates) == []
     # ... unless the row never trained: then its "best" rate is noise, and "did not train" says so instead
     assert rp.sweep_edges("senszoq", "paper", edge, stalled={("rte", "senszoq-random-s1e-3"): [1e-1]}) == []
+
+
+def test_a_bracket_is_the_best_rate_between_two_lower_neighbours():
+    grid = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+    assert rp.bracket({1e-5: 0.6, 1e-4: 0.7, 1e-3: 0.65}, grid) == rp.Bracket(1e-4, 1e-5, 1e-3)
+    assert rp.bracket({1e-5: 0.6, 1e-4: 0.7}, grid) is None                # a neighbour has not run
+    assert rp.bracket({1e-5: 0.6, 1e-4: 0.7, 1e-3: 0.7}, grid) is None     # a tie: the peak may lie further up
+    assert rp.bracket({1e-2: 0.7, 1e-3: 0.6}, grid) is None                # the best at the grid's edge
+    assert rp.bracket({1e-6: 0.7, 1e-5: 0.6}, grid) is None
+    assert rp.bracket({}, grid) is None
+    # the neighbours are the grid's, not the rates that happen to have run
+    assert rp.bracket({1e-6: 0.6, 1e-4: 0.7, 1e-2: 0.65}, grid) is None
+
+
+def test_a_sweep_stops_once_its_best_rate_is_bracketed(tmp_path, capsys):
+    """Three rates of a seven-rate row ran, the middle one best, both neighbours lower, the best run off
+    zero-shot: the row's rate is chosen, its other four sweep cells are left out (named by --list, refused by
+    --only), its confirm seeds start. A best run that stayed at zero-shot brackets nothing (noise has no peak), and
+    a late run beyond the bracket that scores higher takes the choice back to waiting."""
+    row = "sst2/senszoq-c4-s1e-3"
+    key = ("sst2", "senszoq-c4-s1e-3")
+    sweep = rp.grid_cells("senszoq", "paper", only=row)
+    ran = {1e-5: 0.60, 3e-5: 0.70, 1e-4: 0.65}
+    for cell in sweep:
+        if cell.lr in ran:
+            _write(cell, tmp_path, ran[cell.lr], start=0.55)
+    choice = rp.best_rates(sweep, tmp_path)
+    assert choice.rates == {key: 3e-5} and choice.missing == []
+    found, left_out = choice.beyond[key]
+    assert found == rp.Bracket(3e-5, 1e-5, 1e-4)
+    assert sorted(c.lr for c in left_out) == [1e-6, 3e-6, 3e-4, 1e-3]
+    plan = rp.stage_plan("senszoq", "paper", only=row, results=tmp_path)
+    assert sorted(c.lr for c in plan.cells) == sorted(ran) and plan.beyond == {key: choice.beyond[key]}
+    confirm = rp.stage_cells("senszoq", "paper", "confirm", only=row, results=tmp_path)
+    assert [(c.lr, c.seed) for c in confirm] == [(3e-5, 0), (3e-5, 1), (3e-5, 2)]
+    assert len(rp.confirm_estimate_cells("senszoq", "paper", results=tmp_path)) == 36
+    record, = rp.summarize("senszoq", tmp_path, "paper")
+    assert record["lr"] == 3e-5 and record["lrs_bracket"] == [1e-5, 1e-4]
+    assert rp.lr_note(record) == ("lr 3e-5 chosen on validation from {1e-5, 3e-5, 1e-4} ({1e-6, 3e-6, 3e-4, "
+                                  "1e-3} of its grid not run: 1e-5 and 1e-4 scored lower, which brackets its best "
+                                  "rate)")
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--only", row, "--list", *roots]) == 0
+    assert ("not needed: sst2/senszoq-c4-s1e-3: lr 3e-5 is bracketed by 1e-5 and 1e-4, both lower on validation, "
+            "so its sweep leaves out 1e-6, 3e-6, 3e-4, 1e-3") in capsys.readouterr().out
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--only", f"{row}_lr1e-3", "--list", *roots]) == 2
+    assert "every sweep cell that --only 'sst2/senszoq-c4-s1e-3_lr1e-3' selects is no longer needed" in \
+        capsys.readouterr().err
+    # the best run stayed within a standard error of step 0: no peak, the row waits for its whole grid
+    for cell in sweep:
+        if cell.lr in ran:
+            _write(cell, tmp_path, ran[cell.lr], start=0.69)
+    choice = rp.best_rates(sweep, tmp_path)
+    assert choice.rates == {} and choice.beyond == {} and len(choice.missing) == 4
+    record, = rp.summarize("senszoq", tmp_path, "paper")
+    assert record["lrs_bracket"] == [] and "of its grid still to run" in rp.lr_note(record)
+    # trained again, and a run beyond the bracket (one that was under way) beats it: the best is at the grid's
+    # edge now, bracketed by nothing, and the row waits for the rest
+    for cell in sweep:
+        if cell.lr in ran:
+            _write(cell, tmp_path, ran[cell.lr], start=0.55)
+    _write(next(c for c in sweep if c.lr == 1e-3), tmp_path, 0.8, start=0.55)
+    choice = rp.best_rates(sweep, tmp_path)
+    assert choice.rates == {} and sorted(c.lr for c in choice.missing) == [1e-6, 3e-6, 3e-4]
+    # a one-stage grid runs its whole grid: nothing is left out of it
+    assert rp.stage_plan("table1", "paper", only="sst2/prge-q4", results=tmp_path).beyond == {}
 
 
 def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, capsys):

@@ -47,7 +47,7 @@ def run_reproduce(args) -> int:
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
     rp.check_stage(args.grid, args.stage)
     try:
-        cells, waiting = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
+        cells, waiting, beyond = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
                                        results=roots["results"], **overrides)   # the sweep's results read once
     except rp.SweepNotDone as waiting:
         if not (args.list or args.dry_run):
@@ -61,6 +61,8 @@ def run_reproduce(args) -> int:
         print(rp.list_cells(cells, pack=pack, **roots))
         for line in _waiting_lines(waiting):
             print(line)
+        for key, found in beyond.items():
+            print(f"not needed: {rp.bracket_text(key, found)}")
         if waiting:
             print(f"the whole confirm stage (a row still sweeping priced at a stand-in rate): "
                   f"{_confirm_totals(rp, args, pack, roots, overrides, step_note=False)}")
@@ -68,7 +70,7 @@ def run_reproduce(args) -> int:
             totals = _confirm_totals(rp, args, pack, roots, overrides, step_note=False)  # given just above
             print(f"then --stage confirm, which waits for this sweep: {totals}")
             runs = rp.sweep_runs(cells, roots["results"])       # read once for both notes
-            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs)[0],
+            for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs).rates,
                                        rp.stalled_rows(cells, runs=runs)):
                 print(f"not bracketed: {edge}")
             for row in rp.untrained_rows(cells, runs=runs):
@@ -78,6 +80,8 @@ def run_reproduce(args) -> int:
                 if not cell.result_path(roots["results"]).is_file():
                     print(f"would run: {cell.command()}")
         return 0
+    for key, found in beyond.items():
+        print(f"prge: not needed: {rp.bracket_text(key, found)}", file=sys.stderr)
     deadline = None
     if args.time_limit is not None:
         if not (math.isfinite(args.time_limit) and args.time_limit > 0):
@@ -124,9 +128,10 @@ def reproduce_options(rp) -> None:
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
     rp.add_argument("--stage", default="sweep", choices=STAGES,
                     help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
-                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has all its "
-                    "results (the others are named; refused when no row selected is ready) (default sweep: the "
-                    "cells of any other grid)")
+                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has chosen it (all "
+                    "its results, or its best rate bracketed by two lower neighbours, which stops that row's sweep) "
+                    "(the others are named; refused when no row selected is ready) (default sweep: the cells of "
+                    "any other grid)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match; "
                          "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")

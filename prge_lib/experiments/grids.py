@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prge_lib.data.tasks import TABLE1_TASKS
 from prge_lib.models.options import QUANT_MODES
@@ -47,6 +48,34 @@ def lr_text(lr: float) -> str:
     """A learning rate as file names carry it: 1e-3, 3e-4, 1.5e-4."""
     mantissa, exponent = f"{lr:e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+class Bracket(NamedTuple):
+    """A sweep's best learning rate with its two neighbours in the grid, both scored below it (:func:`bracket`)."""
+    best: float
+    lower: float
+    upper: float
+
+
+def bracket(scores: dict[float, float], grid_lrs) -> Bracket | None:
+    """The best-scored rate of ``scores`` ({rate: mean validation score}; ties to the smaller rate) with the rates
+    next to it in ``grid_lrs``, where both have scores strictly below it; None where the best lies at an edge of
+    the grid or a neighbour has no score yet. A learning rate's validation score rises to one peak and falls
+    (every complete sweep of chapter 8 does), so no rate beyond the two neighbours can win: a two-stage grid's
+    sweep stops there (:mod:`~prge_lib.experiments.stages`)."""
+    if not scores:
+        return None
+    best = max(sorted(scores), key=lambda lr: scores[lr])
+    grid = sorted(grid_lrs)
+    if best not in grid:
+        return None
+    i = grid.index(best)
+    if i == 0 or i == len(grid) - 1:
+        return None
+    lower, upper = grid[i - 1], grid[i + 1]
+    if lower in scores and upper in scores and max(scores[lower], scores[upper]) < scores[best]:
+        return Bracket(best, lower, upper)
+    return None
 
 
 # ---------------------------------------------------------------- the grids

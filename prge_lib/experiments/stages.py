@@ -1,8 +1,10 @@
 """Two-stage grids (chapter 8's ``senszoq`` grid): a *sweep* stage runs each row's seeds over its learning-rate
 grid; a *confirm* stage runs the grid's ``confirm_seeds`` at the rate each (task, row) reached its best
 validation score in the sweep (Gao et al. §4.1's selection, made once on the sweep so that the confirming seeds
-cannot move it). Both write into the grid's one folder: the confirm cell of the sweep's seed at the chosen rate
-is the sweep's own cell, already done.
+cannot move it). A row's sweep stops early once its results bracket its best rate (both neighbours in the grid
+ran and scored lower, :func:`~prge_lib.experiments.grids.bracket`): the rates further out are left out, and its
+confirm seeds start. Both stages write into the grid's one folder: the confirm cell of the sweep's seed at the
+chosen rate is the sweep's own cell, already done.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
 from prge_lib.experiments.grids import GRIDS, STAGES, lr_text
 from prge_lib.experiments.results import read_result
-from prge_lib.experiments.summaries import left_zero_shot
+from prge_lib.experiments.summaries import left_zero_shot, trained_bracket
 
 
 class SweepNotDone(ValueError):
@@ -49,24 +51,42 @@ def sweep_runs(sweep: Iterable[Cell], results: Path = RESULTS) -> dict[tuple, li
     return runs
 
 
-def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
-               runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> tuple[dict, list[Cell]]:
-    """({(task, row key): the rate whose sweep run had the best validation score}, the sweep cells with no result),
-    from ``runs`` (:func:`sweep_runs`) where the caller has read them already.
+class SweepChoice(NamedTuple):
+    """What a two-stage grid's sweep has chosen so far (:func:`best_rates`): ``rates``, {(task, row key): its best
+    rate}; ``missing``, the sweep cells without a result of the rows not chosen yet; ``beyond``, {(task, row key):
+    (its :class:`~prge_lib.experiments.grids.Bracket`, the sweep cells it no longer needs)} for each row chosen
+    before its whole grid ran."""
+    rates: dict
+    missing: list[Cell]
+    beyond: dict
 
-    Ties go to the smaller rate. A (task, row) with any sweep cell missing gets no rate: its choice would change
-    when the missing run came in."""
-    rates, missing = {}, []
+
+def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
+               runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> SweepChoice:
+    """Each (task, row)'s best sweep rate by mean validation score (ties to the smaller rate), from ``runs``
+    (:func:`sweep_runs`) where the caller has read them already.
+
+    A row with all its sweep results gets its best rate. A row with some missing gets one only where its results
+    so far bracket it (:func:`~prge_lib.experiments.grids.bracket`: both neighbours in the grid ran and scored
+    lower) and its runs there left zero-shot: the rates beyond cannot win, so its missing cells go to ``beyond``,
+    not run. Any other row waits (its cells in ``missing``): its choice would change when they came in."""
+    rates, missing, beyond = {}, [], {}
     for key, row in (sweep_runs(sweep, results) if runs is None else runs).items():
         absent = [cell for cell, record in row if record is None]
-        if absent:
-            missing += absent
-            continue
-        scores: dict[float, list[float]] = {}
+        by_lr: dict[float, list[dict | None]] = {}
         for cell, record in row:
-            scores.setdefault(cell.lr, []).append(record["best_val"]["val"])
-        rates[key] = max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr]))
-    return rates, missing
+            by_lr.setdefault(cell.lr, []).append(record)
+        if not absent:
+            scores = {lr: sum(r["best_val"]["val"] for r in records) / len(records) for lr, records in by_lr.items()}
+            rates[key] = max(sorted(scores), key=lambda lr: scores[lr])
+            continue
+        complete = {lr: records for lr, records in by_lr.items() if None not in records}
+        found = trained_bracket(complete, row[0][0].row.lrs[row[0][0].profile])
+        if found is not None:
+            rates[key], beyond[key] = found.best, (found, absent)
+        else:
+            missing += absent
+    return SweepChoice(rates, missing, beyond)
 
 
 def sweep_edges(grid: str, profile: str, rates: dict, stalled: Iterable[tuple] = ()) -> list[str]:
@@ -110,27 +130,51 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
 
 
 class StagePlan(NamedTuple):
-    """What a stage runs: its ``cells``, and ``waiting``, {(task, row key): its sweep cells without a result} for
-    each confirm row that ``only`` selects whose sweep is not complete (empty for the sweep stage)."""
+    """What a stage runs: its ``cells``; ``waiting``, {(task, row key): its sweep cells without a result} for each
+    confirm row that ``only`` selects whose sweep has not chosen its rate (empty for the sweep stage); and ``beyond``, the
+    sweep rows that ``only`` selects chosen before their whole grid ran (:attr:`SweepChoice.beyond`), whose cells
+    left out the sweep stage no longer runs (empty for the confirm stage)."""
     cells: list[Cell]
     waiting: dict[tuple, list[Cell]]
+    beyond: dict
 
 
 def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
                only: str | None = None, model: str | None = None, results: Path = RESULTS,
                **overrides) -> StagePlan:
-    """The cells of ``grid``'s ``stage`` and the confirm rows still waiting, from one reading of the sweep's
-    results: the sweep is :func:`~prge_lib.experiments.cells.grid_cells`; the confirm stage is, per (task, row)
-    whose sweep has all its results, the confirm seeds (or ``seeds``) at the sweep's best rate (:func:`best_rates`
-    of the sweep's results under ``results``); a row still sweeping has none yet and is named in ``waiting``.
-    :class:`SweepNotDone` when no row that ``only`` selects is ready."""
+    """The cells of ``grid``'s ``stage`` and the rows still waiting or bracketed, from one reading of the sweep's
+    results. The sweep is :func:`~prge_lib.experiments.cells.grid_cells`, less, in a two-stage grid, the cells of
+    rows whose best rate is bracketed already (:func:`best_rates`), which ``beyond`` names; the confirm stage is,
+    per (task, row) whose sweep has chosen its rate, the confirm seeds (or ``seeds``) at that rate; a row still
+    sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone` when no row that ``only`` selects is
+    ready; a ValueError when every sweep cell that ``only`` selects lies beyond a bracket."""
     check_stage(grid, stage)
     if stage == "sweep":
-        return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {})
+        wanted = grid_cells(grid, profile, seeds, only, model, **overrides)
+        if "confirm_seeds" not in GRIDS[grid]:
+            return StagePlan(wanted, {}, {})
+        choice = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results)
+        skipped = {cell.name for _, cells in choice.beyond.values() for cell in cells}
+        selected = {(cell.task, cell.row.key) for cell in wanted}
+        beyond = {key: found for key, found in choice.beyond.items() if key in selected}
+        cells = [cell for cell in wanted if cell.name not in skipped]
+        if wanted and not cells:
+            raise ValueError(f"every sweep cell that --only {only!r} selects is no longer needed: "
+                             + "; ".join(bracket_text(key, found) for key, found in beyond.items()))
+        return StagePlan(cells, {}, beyond)
     cells, waiting, total = _confirm_rows(grid, profile, seeds, only, model, results, overrides)
     if waiting and not cells:
         raise SweepNotDone(grid, profile, [c for row in waiting.values() for c in row], total)
-    return StagePlan(cells, waiting)
+    return StagePlan(cells, waiting, {})
+
+
+def bracket_text(key: tuple, found: tuple) -> str:
+    """A line for a row of :attr:`SweepChoice.beyond`: "sst2/senszoq-c4-s1e-2: lr 1e-5 is bracketed by 1e-6 and
+    1e-4, both lower on validation, so its sweep leaves out 1e-7, 1e-3"."""
+    (task, row), (edges, cells) = key, found
+    left = ", ".join(lr_text(lr) for lr in sorted({cell.lr for cell in cells}))
+    return (f"{task}/{row}: lr {lr_text(edges.best)} is bracketed by {lr_text(edges.lower)} and "
+            f"{lr_text(edges.upper)}, both lower on validation, so its sweep leaves out {left}")
 
 
 def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
@@ -143,15 +187,16 @@ def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: It
 def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, model: str | None = None,
                     results: Path = RESULTS, **overrides) -> dict[tuple, list[Cell]]:
     """{(task, row key): its sweep cells without a result} for each row of the confirm stage that ``only`` selects
-    and whose sweep is not complete: the rows :func:`stage_plan` gives no confirm cells yet (its ``waiting``)."""
+    and whose sweep has not chosen its rate: the rows :func:`stage_plan` gives no confirm cells yet (its ``waiting``)."""
     return _confirm_rows(grid, profile, None, only, model, results, overrides)[1]
 
 
 def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tuple[list[Cell], dict, int]:
-    """(the confirm cells that ``only`` selects of the rows whose sweep is complete, {(task, row key): the sweep
+    """(the confirm cells that ``only`` selects of the rows whose sweep has chosen its rate, {(task, row key): the sweep
     cells without a result} of the selected rows still sweeping, the sweep's number of cells)."""
     sweep = grid_cells(grid, profile, None, None, model, **overrides)
-    rates, missing = best_rates(sweep, results)
+    choice = best_rates(sweep, results)
+    rates, missing = choice.rates, choice.missing
     confirm = tuple(GRIDS[grid]["confirm_seeds"][profile]) if seeds is None else tuple(seeds)
     cells, waiting = [], {}
     for task in GRIDS[grid]["tasks"]:
@@ -171,10 +216,10 @@ def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tupl
 def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
                            **overrides) -> list[Cell]:
     """The confirm stage's cells beyond the sweep's own (its seeds less the sweep's, whose cells at the chosen rate
-    the sweep has run), for pricing and counting before the whole sweep is done: a row whose sweep has all its
-    results (under ``results``) at the rate it chose, so that its done cells count as done; any other row at its
+    the sweep has run), for pricing and counting before the whole sweep is done: a row whose sweep has chosen
+    its rate (from the results under ``results``) at that rate, so that its done cells count as done; any other row at its
     grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
-    rates, _ = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results)
+    rates = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results).rates
     confirm = GRIDS[grid]["confirm_seeds"][profile]
     return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
             for cell in row_cells(grid, profile, task, row,

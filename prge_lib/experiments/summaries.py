@@ -24,7 +24,7 @@ from prge_lib.data.splits import sample_task
 from prge_lib.data.tasks import PROTOCOL, get_task
 from prge_lib.experiments import paper
 from prge_lib.experiments.cells import grid_folder
-from prge_lib.experiments.grids import GRIDS, lr_text
+from prge_lib.experiments.grids import GRIDS, Bracket, bracket, lr_text
 from prge_lib.experiments.results import check_file_cell, read_result
 from prge_lib.methods import registry
 
@@ -219,6 +219,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "lrs_planned": [] if zero_shot or spec is None else sorted(spec.lrs.get(profile, ())),
+            "lrs_bracket": [] if zero_shot else _sweep_bracket(grid, profile, task, spec, by_lr),
             "added_seeds": [] if zero_shot else added_seeds(grid, profile, task, spec, [r["seed"] for r in runs]),
             "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
@@ -241,6 +242,30 @@ def added_seeds(grid: str, profile: str, task: str, spec, seeds: list[int]) -> l
         return []
     planned = set(spec.planned_seeds(profile, task)) | set(GRIDS[grid].get("confirm_seeds", {}).get(profile, ()))
     return sorted(set(seeds) - planned)
+
+
+def trained_bracket(sweep_runs: dict[float, list[dict]], grid_lrs) -> Bracket | None:
+    """The :func:`~prge_lib.experiments.grids.bracket` of a two-stage row's sweep, {rate: its sweep seeds' runs}
+    (mean validation score per rate), where some run at the best rate left zero-shot (:func:`left_zero_shot`);
+    None otherwise: a row that never trained has no peak, only noise. The confirm stage starts on it
+    (:func:`~prge_lib.experiments.stages.best_rates`) and the summary says so (:func:`lr_note`)."""
+    scores = {lr: statistics.fmean(r["best_val"]["val"] for r in runs) for lr, runs in sweep_runs.items() if runs}
+    found = bracket(scores, grid_lrs)
+    if found is None or not any(left_zero_shot(r) for r in sweep_runs[found.best]):
+        return None
+    return found
+
+
+def _sweep_bracket(grid: str, profile: str, task: str, spec, by_lr: dict) -> list[float]:
+    """[lower, upper]: the neighbours that bracket a two-stage row's chosen rate in its sweep
+    (:func:`trained_bracket` of its sweep seeds' runs), which let its sweep stop early; [] where they do not, or in
+    a one-stage grid (whose rows run their whole grid)."""
+    if "confirm_seeds" not in GRIDS.get(grid, {}) or spec is None or profile not in spec.lrs:
+        return []
+    sweep = spec.planned_seeds(profile, task)
+    found = trained_bracket({lr: [r for r in runs if r["seed"] in sweep] for lr, runs in by_lr.items()
+                             if lr is not None}, spec.lrs[profile])
+    return [] if found is None else [found.lower, found.upper]
 
 
 def _rates_that_trained(by_lr: dict) -> list[float] | None:
@@ -315,12 +340,17 @@ def lr_note(record: dict) -> str:
     """How a record's learning rate was set: "lr 1e-3 chosen on validation from {1e-4, 1e-3}" where several were
     tried (saying so where no run at any of them left zero-shot, and where the rate chosen lies at an edge of those
     tried, so that a better one may lie beyond it), "lr 1e-3 (one rate tried)" where one was; and the rates of
-    the row's grid (``lrs_planned``) that have not run yet."""
+    the row's grid (``lrs_planned``) that have not run yet, or, in a sweep that stopped once its neighbours
+    bracketed its best rate (``lrs_bracket``), that it left out."""
     if record["lr"] is None:
         return "no training"
     tried = record["lrs_tried"]
     waiting = [lr for lr in record.get("lrs_planned") or () if lr not in tried]
     later = f"{{{', '.join(map(lr_text, waiting))}}} of its grid still to run" if waiting else ""
+    if waiting and record.get("lrs_bracket"):
+        lower, upper = record["lrs_bracket"]
+        later = (f"{{{', '.join(map(lr_text, waiting))}}} of its grid not run: {lr_text(lower)} and "
+                 f"{lr_text(upper)} scored lower, which brackets its best rate")
     if len(tried) == 1:
         return f"lr {lr_text(record['lr'])} (one rate tried{'; ' + later if later else ''})"
     chosen = f"lr {lr_text(record['lr'])} chosen on validation from {{{', '.join(map(lr_text, tried))}}}"
