@@ -168,6 +168,37 @@ def test_a_sweep_stops_once_its_best_rate_is_bracketed(tmp_path, capsys):
     assert rp.stage_plan("table1", "paper", only="sst2/prge-q4", results=tmp_path).beyond == {}
 
 
+def test_the_sweep_runs_the_likeliest_rates_first_and_leaves_out_what_a_bracket_made_unneeded(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """Nothing run yet: the sweep starts at the middle of the row's grid and works outward; once the results so far
+    bracket the best rate, the runner leaves the rest out, saying why, and the command ends with nothing left to run.
+    Another task's same row then starts at the rate this one chose."""
+    from prge_lib.experiments import runner
+
+    row = "sst2/senszoq-c4-s1e-3"
+    vals = {1e-6: 0.56, 3e-6: 0.60, 1e-5: 0.72, 3e-5: 0.70, 1e-4: 0.62, 3e-4: 0.57, 1e-3: 0.56}
+    sweep = rp.grid_cells("senszoq", "paper")
+    planned = rp.sweep_order(rp.grid_cells("senszoq", "paper", only=row), rp.sweep_runs(sweep, tmp_path))
+    assert [c.lr for c in planned] == [3e-5, 1e-5, 1e-4, 3e-6, 3e-4, 1e-6, 1e-3]
+    ran = []
+
+    def fake_run(cell, results, checkpoints, progress=True, **kw):
+        ran.append(cell.lr)
+        _write(cell, results, vals[cell.lr], start=0.55)
+        return cell.result_path(results)
+
+    monkeypatch.setattr(runner, "run_cell", fake_run)
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "senszoq", "--profile", "paper", "--only", row, *roots]) == 0
+    # 3e-5, then its neighbours; 1e-5 best, so its other neighbour 3e-6; then 1e-5 is bracketed
+    assert ran == [3e-5, 1e-5, 1e-4, 3e-6]
+    err = capsys.readouterr().err
+    assert err.count("not needed: sst2/senszoq-c4-s1e-3: lr 1e-5 is bracketed by 3e-6 and 3e-5") == 3
+    assert rp.best_rates(sweep, tmp_path).rates[("sst2", "senszoq-c4-s1e-3")] == 1e-5
+    rte = rp.sweep_order(rp.grid_cells("senszoq", "paper", only="rte/senszoq-c4-s1e-3"), rp.sweep_runs(sweep, tmp_path))
+    assert [c.lr for c in rte[:3]] == [1e-5, 3e-6, 3e-5]
+
+
 def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, capsys):
     with pytest.raises(rp.SweepNotDone, match=r"waits for its sweep: 126 of 126 sweep cells have no result"):
         rp.stage_cells("senszoq", "paper", "confirm", results=tmp_path)

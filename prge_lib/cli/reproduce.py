@@ -87,9 +87,22 @@ def run_reproduce(args) -> int:
         if not (math.isfinite(args.time_limit) and args.time_limit > 0):
             raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
         deadline = time.time() + 60 * args.time_limit
+    needed = None
+    if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
+        # a two-stage sweep: the rates likeliest to bracket each row's best first, and a cell that a bracket made
+        # unneeded meanwhile left out
+        sweep = rp.grid_cells(args.grid, args.profile, None, None, args.model, **overrides)
+        cells = rp.sweep_order(cells, rp.sweep_runs(sweep, roots["results"]))
+        needed = rp.sweep_skip(sweep, roots["results"])
     rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
                 say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
-                pack=pack, width_groups=args.width_groups, **roots)
+                pack=pack, width_groups=args.width_groups, needed=needed, **roots)
+    if needed is not None:              # the plan again: the cells a bracket left out are not cells still to run
+        try:
+            cells = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
+                                  results=roots["results"], **overrides).cells
+        except ValueError:              # every cell selected has been left out meanwhile: none is left to run
+            cells = []
     left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
     if left:                            # the time limit stopped the grid, or a Ray task stopped
         print(f"prge: {len(left)} of {len(cells)} cells still to run; the same command continues "

@@ -42,7 +42,8 @@ from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, c
                                          run_pack)
 from prge_lib.experiments.stages import (StagePlan, SweepChoice, SweepNotDone, best_rates, bracket_text,
                                          check_stage, confirm_estimate_cells, confirm_waiting, stage_cells,
-                                         stage_plan, stalled_rows, sweep_edges, sweep_runs, untrained_rows)
+                                         stage_plan, stalled_rows, sweep_edges, sweep_order, sweep_runs,
+                                         sweep_skip, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.stats import compare_rows, compare_scores, describe, seeds_needed, seeds_words
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
@@ -63,7 +64,7 @@ __all__ = [
     "lr_text",
     "StagePlan", "SweepChoice", "SweepNotDone", "best_rates", "bracket_text", "check_stage",
     "confirm_estimate_cells", "confirm_waiting", "stage_cells", "stage_plan",
-    "stalled_rows", "sweep_edges", "sweep_runs", "untrained_rows",
+    "stalled_rows", "sweep_edges", "sweep_order", "sweep_runs", "sweep_skip", "untrained_rows",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs", "step_shape",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",

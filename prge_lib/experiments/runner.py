@@ -244,14 +244,16 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
              results: Path = RESULTS, checkpoints: Path | None = None, progress: bool = True,
              cpus_per_cell: int = 1, say: Callable[[str], None] = print,
              deadline: float | None = None, restart: bool = False, pack: int = 1,
-             width_groups: int = 1) -> list[Path]:
+             width_groups: int = 1, needed: Callable[[Cell], str | None] | None = None) -> list[Path]:
     """Run the cells that have no result yet, in order (``local``) or as Ray tasks (``ray``); return the
     result paths written. ``deadline`` (a ``time.time()`` value, e.g. a GPU session's end): no cell starts
     after it, and a training cell running past it stops at a checkpoint, to resume on the next run. A cell
     another process runs is left to it (:class:`CellBusy`); ``restart`` discards the checkpoints of the cells
     this call runs. ``pack`` > 1 (local only): the training cells that can share a forward train in packs of
     up to ``pack`` (:func:`~prge_lib.experiments.packs.plan_packs`, :func:`run_pack`), each step of a pack in
-    ``width_groups`` forwards by batch width."""
+    ``width_groups`` forwards by batch width. ``needed`` (local only), asked before each cell or pack starts,
+    says why a cell is no longer needed (a two-stage sweep's row bracketed meanwhile,
+    :func:`~prge_lib.experiments.stages.sweep_skip`), or None: such a cell is left out, the reason said."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_pack_size(pack)
@@ -285,6 +287,14 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     from tqdm.auto import tqdm
     units = plan_packs(todo, pack)
     for i, unit in enumerate(tqdm(units, desc="cells", disable=not progress or len(units) < 2)):
+        if needed is not None:             # asked once per cell, as it comes up: earlier cells' results count
+            reasons = [(c, needed(c)) for c in unit]
+            for c, why in reasons:
+                if why is not None:
+                    say(f"cell {c.name}: {why}")
+            unit = [c for c, why in reasons if why is None]
+            if not unit:
+                continue
         cell = unit[0]
         if not _fits_before(cell, deadline):
             say(f"time limit reached: {sum(map(len, units[i:]))} cells not run; the same command continues")

@@ -89,6 +89,55 @@ def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
     return SweepChoice(rates, missing, beyond)
 
 
+def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict | None]]]) -> list[Cell]:
+    """``cells`` of a two-stage sweep in the order that brackets each row's best rate soonest: row by row (in
+    their first appearance), each row's rates nearest its likeliest best first, the smaller of two as near: the
+    best-scored rate of its results so far (``runs``, :func:`sweep_runs` of the whole sweep), else the rate the
+    same row chose on another task, else its grid's middle rate. The runner then leaves out the cells that a
+    bracket makes unneeded as the results come in (:func:`sweep_skip`)."""
+    cells = list(cells)
+    chosen = best_rates((), runs=runs).rates
+    rows = list(dict.fromkeys((c.task, c.row.key) for c in cells))
+
+    def likeliest(cell: Cell) -> float:
+        scores: dict[float, list[float]] = {}
+        for done, record in runs.get((cell.task, cell.row.key), ()):
+            if record is not None:
+                scores.setdefault(done.lr, []).append(record["best_val"]["val"])
+        if scores:
+            return max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr]))
+        elsewhere = [lr for (task, key), lr in chosen.items() if key == cell.row.key and task != cell.task]
+        grid = sorted(cell.row.lrs[cell.profile])
+        return elsewhere[0] if elsewhere else grid[len(grid) // 2]
+
+    def place(cell: Cell) -> tuple:
+        grid = sorted(cell.row.lrs[cell.profile])
+        centre = likeliest(cell)
+        here = grid.index(cell.lr) if cell.lr in grid else len(grid)
+        return (rows.index((cell.task, cell.row.key)), abs(here - grid.index(centre)) if centre in grid else 0,
+                here, cell.seed)
+
+    return sorted(cells, key=place)
+
+
+def sweep_skip(sweep: Iterable[Cell], results: Path = RESULTS):
+    """For the runner (``run_grid``'s ``needed``): a function that says, from the results on disk at that moment,
+    why a cell of ``sweep`` (the whole two-stage sweep) is no longer needed (:func:`bracket_text`: its row's best
+    rate has been bracketed since the grid started), or None where it still is."""
+    by_row: dict[tuple, list[Cell]] = {}
+    for cell in sweep:
+        by_row.setdefault((cell.task, cell.row.key), []).append(cell)
+
+    def why_not(cell: Cell) -> str | None:
+        key = (cell.task, cell.row.key)
+        found = best_rates(by_row.get(key, ()), results).beyond.get(key)
+        if found is None or cell.name not in {c.name for c in found[1]}:
+            return None
+        return f"not needed: {bracket_text(key, found)}"
+
+    return why_not
+
+
 def sweep_edges(grid: str, profile: str, rates: dict, stalled: Iterable[tuple] = ()) -> list[str]:
     """The (task, row) whose chosen rate is the largest or smallest of its grid: a best rate at an edge may lie
     beyond it, so the grid did not bracket it (said by ``--list``). Rows in ``stalled`` (:func:`stalled_rows`) are
