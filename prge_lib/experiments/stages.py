@@ -98,24 +98,23 @@ def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict |
     cells = list(cells)
     chosen = best_rates((), runs=runs).rates
     rows = list(dict.fromkeys((c.task, c.row.key) for c in cells))
-
-    def likeliest(cell: Cell) -> float:
+    grids = {(c.task, c.row.key): sorted(c.row.lrs[c.profile]) for c in cells}
+    centres = {}
+    for task, key in rows:
         scores: dict[float, list[float]] = {}
-        for done, record in runs.get((cell.task, cell.row.key), ()):
+        for done, record in runs.get((task, key), ()):
             if record is not None:
                 scores.setdefault(done.lr, []).append(record["best_val"]["val"])
-        if scores:
-            return max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr]))
-        elsewhere = [lr for (task, key), lr in chosen.items() if key == cell.row.key and task != cell.task]
-        grid = sorted(cell.row.lrs[cell.profile])
-        return elsewhere[0] if elsewhere else grid[len(grid) // 2]
+        elsewhere = [lr for (other, k), lr in chosen.items() if k == key and other != task]
+        grid = grids[task, key]
+        centre = max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr])) if scores else \
+            elsewhere[0] if elsewhere else grid[len(grid) // 2]
+        centres[task, key] = grid.index(centre) if centre in grid else len(grid) // 2
 
     def place(cell: Cell) -> tuple:
-        grid = sorted(cell.row.lrs[cell.profile])
-        centre = likeliest(cell)
-        here = grid.index(cell.lr) if cell.lr in grid else len(grid)
-        return (rows.index((cell.task, cell.row.key)), abs(here - grid.index(centre)) if centre in grid else 0,
-                here, cell.seed)
+        key = (cell.task, cell.row.key)
+        here = grids[key].index(cell.lr) if cell.lr in grids[key] else len(grids[key])
+        return rows.index(key), abs(here - centres[key]), here, cell.seed
 
     return sorted(cells, key=place)
 
@@ -180,9 +179,10 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
 
 class StagePlan(NamedTuple):
     """What a stage runs: its ``cells``; ``waiting``, {(task, row key): its sweep cells without a result} for each
-    confirm row that ``only`` selects whose sweep has not chosen its rate (empty for the sweep stage); and ``beyond``, the
-    sweep rows that ``only`` selects chosen before their whole grid ran (:attr:`SweepChoice.beyond`), whose cells
-    left out the sweep stage no longer runs (empty for the confirm stage)."""
+    confirm row that ``only`` selects whose sweep has not chosen its rate (empty for the sweep stage); and
+    ``beyond``, the sweep rows that ``only`` selects chosen before their whole grid ran
+    (:attr:`SweepChoice.beyond`), whose cells left out the sweep stage no longer runs (empty for the confirm
+    stage)."""
     cells: list[Cell]
     waiting: dict[tuple, list[Cell]]
     beyond: dict
@@ -236,7 +236,8 @@ def stage_cells(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: It
 def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, model: str | None = None,
                     results: Path = RESULTS, **overrides) -> dict[tuple, list[Cell]]:
     """{(task, row key): its sweep cells without a result} for each row of the confirm stage that ``only`` selects
-    and whose sweep has not chosen its rate: the rows :func:`stage_plan` gives no confirm cells yet (its ``waiting``)."""
+    and whose sweep has not chosen its rate: the rows :func:`stage_plan` gives no confirm cells yet (its
+    ``waiting``)."""
     return _confirm_rows(grid, profile, None, only, model, results, overrides)[1]
 
 
@@ -266,8 +267,8 @@ def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = 
                            **overrides) -> list[Cell]:
     """The confirm stage's cells beyond the sweep's own (its seeds less the sweep's, whose cells at the chosen rate
     the sweep has run), for pricing and counting before the whole sweep is done: a row whose sweep has chosen
-    its rate (from the results under ``results``) at that rate, so that its done cells count as done; any other row at its
-    grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
+    its rate (from the results under ``results``) at that rate, so that its done cells count as done; any other
+    row at its grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
     rates = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results).rates
     confirm = GRIDS[grid]["confirm_seeds"][profile]
     return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
