@@ -101,7 +101,7 @@ def run_reproduce(args) -> int:
         try:
             cells = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
                                   results=roots["results"], **overrides).cells
-        except ValueError:              # every cell selected has been left out meanwhile: none is left to run
+        except rp.SweepLeftOut:         # every cell selected has been left out meanwhile: none is left to run
             cells = []
     left = [c for c in cells if not c.result_path(roots["results"]).is_file()]
     if left:                            # the time limit stopped the grid, or a Ray task stopped

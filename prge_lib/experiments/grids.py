@@ -57,6 +57,12 @@ class Bracket(NamedTuple):
     upper: float
 
 
+def best_rate(scores: dict[float, float]) -> float:
+    """The rate of ``scores`` ({rate: mean validation score}) that scored best, ties to the smaller rate: how a
+    two-stage grid chooses (:mod:`~prge_lib.experiments.stages`)."""
+    return max(sorted(scores), key=lambda lr: scores[lr])
+
+
 def bracket(scores: dict[float, float], grid_lrs) -> Bracket | None:
     """The best-scored rate of ``scores`` ({rate: mean validation score}; ties to the smaller rate) with the rates
     next to it in ``grid_lrs``, where both have scores strictly below it; None where the best lies at an edge of
@@ -65,7 +71,7 @@ def bracket(scores: dict[float, float], grid_lrs) -> Bracket | None:
     sweep stops there (:mod:`~prge_lib.experiments.stages`)."""
     if not scores:
         return None
-    best = max(sorted(scores), key=lambda lr: scores[lr])
+    best = best_rate(scores)
     grid = sorted(grid_lrs)
     if best not in grid:
         return None

@@ -40,8 +40,9 @@ from prge_lib.experiments.results import (ResultFileError, cell_matches, check_f
                                           validate_result)
 from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, connect_ray, run_cell, run_grid,
                                          run_pack)
-from prge_lib.experiments.stages import (StagePlan, SweepChoice, SweepNotDone, best_rates, bracket_text,
-                                         check_stage, confirm_estimate_cells, confirm_waiting, stage_cells,
+from prge_lib.experiments.stages import (StagePlan, SweepChoice, SweepLeftOut, SweepNotDone, best_rates,
+                                         bracket_text, check_stage, confirm_estimate_cells, confirm_waiting,
+                                         stage_cells,
                                          stage_plan, stalled_rows, sweep_edges, sweep_order, sweep_runs,
                                          sweep_skip, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
@@ -62,7 +63,7 @@ __all__ = [
     "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Bracket", "Row", "bracket",
     "lr_text",
-    "StagePlan", "SweepChoice", "SweepNotDone", "best_rates", "bracket_text", "check_stage",
+    "StagePlan", "SweepChoice", "SweepLeftOut", "SweepNotDone", "best_rates", "bracket_text", "check_stage",
     "confirm_estimate_cells", "confirm_waiting", "stage_cells", "stage_plan",
     "stalled_rows", "sweep_edges", "sweep_order", "sweep_runs", "sweep_skip", "untrained_rows",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",

@@ -14,7 +14,7 @@ from typing import Iterable, NamedTuple
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
-from prge_lib.experiments.grids import GRIDS, STAGES, lr_text
+from prge_lib.experiments.grids import GRIDS, STAGES, best_rate, lr_text
 from prge_lib.experiments.results import read_result
 from prge_lib.experiments.summaries import left_zero_shot, trained_bracket
 
@@ -28,6 +28,10 @@ class SweepNotDone(ValueError):
         super().__init__(f"the confirm stage of {grid!r} waits for its sweep: {len(missing)} of {total} sweep "
                          f"cells have no result yet (e.g. {missing[0].name}); run "
                          f"'prge reproduce {grid}{profile_option}' first")
+
+
+class SweepLeftOut(ValueError):
+    """The sweep stage asked for cells that a bracket has left out, and no others (:func:`stage_plan`)."""
 
 
 def check_stage(grid: str, stage: str) -> str:
@@ -61,6 +65,15 @@ class SweepChoice(NamedTuple):
     beyond: dict
 
 
+def _mean_vals(row: Iterable[tuple[Cell, dict | None]]) -> dict[float, float]:
+    """{rate: the mean best validation score of its runs with a result} of one row of :func:`sweep_runs`."""
+    vals: dict[float, list[float]] = {}
+    for cell, record in row:
+        if record is not None:
+            vals.setdefault(cell.lr, []).append(record["best_val"]["val"])
+    return {lr: sum(v) / len(v) for lr, v in vals.items()}
+
+
 def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
                runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> SweepChoice:
     """Each (task, row)'s best sweep rate by mean validation score (ties to the smaller rate), from ``runs``
@@ -77,8 +90,7 @@ def best_rates(sweep: Iterable[Cell], results: Path = RESULTS,
         for cell, record in row:
             by_lr.setdefault(cell.lr, []).append(record)
         if not absent:
-            scores = {lr: sum(r["best_val"]["val"] for r in records) / len(records) for lr, records in by_lr.items()}
-            rates[key] = max(sorted(scores), key=lambda lr: scores[lr])
+            rates[key] = best_rate(_mean_vals(row))
             continue
         complete = {lr: records for lr, records in by_lr.items() if None not in records}
         found = trained_bracket(complete, row[0][0].row.lrs[row[0][0].profile])
@@ -101,14 +113,10 @@ def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict |
     grids = {(c.task, c.row.key): sorted(c.row.lrs[c.profile]) for c in cells}
     centres = {}
     for task, key in rows:
-        scores: dict[float, list[float]] = {}
-        for done, record in runs.get((task, key), ()):
-            if record is not None:
-                scores.setdefault(done.lr, []).append(record["best_val"]["val"])
+        scores = _mean_vals(runs.get((task, key), ()))
         elsewhere = [lr for (other, k), lr in chosen.items() if k == key and other != task]
         grid = grids[task, key]
-        centre = max(sorted(scores), key=lambda lr: sum(scores[lr]) / len(scores[lr])) if scores else \
-            elsewhere[0] if elsewhere else grid[len(grid) // 2]
+        centre = best_rate(scores) if scores else elsewhere[0] if elsewhere else grid[len(grid) // 2]
         centres[task, key] = grid.index(centre) if centre in grid else len(grid) // 2
 
     def place(cell: Cell) -> tuple:
@@ -196,7 +204,7 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
     rows whose best rate is bracketed already (:func:`best_rates`), which ``beyond`` names; the confirm stage is,
     per (task, row) whose sweep has chosen its rate, the confirm seeds (or ``seeds``) at that rate; a row still
     sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone` when no row that ``only`` selects is
-    ready; a ValueError when every sweep cell that ``only`` selects lies beyond a bracket."""
+    ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects lies beyond a bracket."""
     check_stage(grid, stage)
     if stage == "sweep":
         wanted = grid_cells(grid, profile, seeds, only, model, **overrides)
@@ -208,7 +216,7 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
         beyond = {key: found for key, found in choice.beyond.items() if key in selected}
         cells = [cell for cell in wanted if cell.name not in skipped]
         if wanted and not cells:
-            raise ValueError(f"every sweep cell that --only {only!r} selects is no longer needed: "
+            raise SweepLeftOut(f"every sweep cell that --only {only!r} selects is no longer needed: "
                              + "; ".join(bracket_text(key, found) for key, found in beyond.items()))
         return StagePlan(cells, {}, beyond)
     cells, waiting, total = _confirm_rows(grid, profile, seeds, only, model, results, overrides)
