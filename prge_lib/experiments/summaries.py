@@ -262,10 +262,16 @@ def _sweep_bracket(grid: str, profile: str, task: str, spec, by_lr: dict) -> lis
     a one-stage grid (whose rows run their whole grid)."""
     if "confirm_seeds" not in GRIDS.get(grid, {}) or spec is None or profile not in spec.lrs:
         return []
-    sweep = spec.planned_seeds(profile, task)
-    found = trained_bracket({lr: [r for r in runs if r["seed"] in sweep] for lr, runs in by_lr.items()
+    found = trained_bracket({lr: _sweep_seeds(profile, task, spec, runs) for lr, runs in by_lr.items()
                              if lr is not None}, spec.lrs[profile])
     return [] if found is None else [found.lower, found.upper]
+
+
+def _sweep_seeds(profile: str, task: str, spec, runs: list[dict]) -> list[dict]:
+    """The runs of a two-stage grid's row ``spec`` that its sweep made (its planned seeds), not its confirm seeds;
+    [] for a row no grid names."""
+    sweep = spec.planned_seeds(profile, task) if spec is not None else ()
+    return [r for r in runs if r["seed"] in sweep]
 
 
 def _rates_that_trained(by_lr: dict) -> list[float] | None:
@@ -282,8 +288,7 @@ def _selection_score(grid: str, profile: str, task: str, spec, runs: list[dict])
     (:mod:`~prge_lib.experiments.stages`) over the sweep seeds' runs of its row ``spec`` only, the choice the
     confirm stage was run at (a rate the sweep lacks scores nothing)."""
     if "confirm_seeds" in GRIDS.get(grid, {}):
-        sweep = spec.planned_seeds(profile, task) if spec is not None else ()
-        runs = [r for r in runs if r["seed"] in sweep]
+        runs = _sweep_seeds(profile, task, spec, runs)
         if not runs:
             return float("-inf")
     return statistics.fmean(r["best_val"]["val"] for r in runs)
