@@ -105,7 +105,7 @@ def test_a_method_object_lacking_a_part_is_named():
         def trainable(self):
             return {}
 
-    with pytest.raises(TypeError, match=r"method 'x' \(NoTimes\) lacks \['times'\]"):
+    with pytest.raises(TypeError, match=r"method 'x' \(NoTimes\) lacks \['times', 'start'\]"):
         check_method(NoTimes(), "x")
 
 

@@ -64,7 +64,16 @@ def test_benchmark_cells_time_what_they_are_for_and_estimate_by_size(monkeypatch
             assert 0.75 < est[cell.name] / wall < 1.25, (cell.name, est[cell.name], wall)
 
 
-def test_training_estimates_follow_the_padded_prompt_length(tmp_path):
+@pytest.fixture()
+def unmeasured_processor(monkeypatch):
+    """This machine as a processor no committed cell ran on: steps are priced from every processor's runs, as on
+    a machine that has not run a grid yet (one that has prices from its own, tested below)."""
+    from prge_lib.experiments import estimates
+
+    monkeypatch.setattr(estimates, "cpu_name", lambda: "a processor no committed cell ran on")
+
+
+def test_training_estimates_follow_the_padded_prompt_length(tmp_path, unmeasured_processor):
     # every row of a step is padded to the longest prompt of its batch: RTE's premises make its steps several
     # times SST-2's (the committed FO LoRA-FA cells: 8.8 vs 1.6 s/step), and P-RGE q 16 (one example per
     # step) pads less than q 4 (four)
@@ -180,6 +189,25 @@ def test_a_diverging_cell_is_recorded_and_the_grid_goes_on(tiny_env, tiny_folder
     assert not rp.cell_matches(cells[0], diverged) and not cells[0].checkpoint_dir(ck).exists()
     record, = rp.summarize("table1", res)
     assert record["steps"] == 4 and record["n"] == 2                     # the planned steps, both seeds
+
+
+def test_a_checkpoint_this_machine_cannot_resume_is_kept_and_the_grid_goes_on(tiny_env, tiny_folder, tmp_path):
+    """A cell whose checkpoint cannot be read here (damaged, or from a processor that replays otherwise) is said and
+    left alone with its file as it was; the next cells run, and the cell runs once its checkpoint is resumable."""
+    cells = _tiny_cells(tiny_folder)
+    res, ck = tmp_path / "res", tmp_path / "ck"
+    folder = cells[0].checkpoint_dir(ck)
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(b"")
+    said = []
+    paths = rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append)
+    assert paths == [cells[1].result_path(res)] and not cells[0].result_path(res).is_file()
+    assert (folder / "checkpoint.pt").read_bytes() == b""
+    unread, = [line for line in said if line.startswith(f"cell {cells[0].name}: ")]
+    assert "the file is empty" in unread and "left as it is and the grid goes on with the next cells" in unread
+    (folder / "checkpoint.pt").unlink()
+    assert rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None) == \
+        [cells[0].result_path(res)]
 
 
 def test_only_a_whole_cell_name_selects_that_cell_and_other_profiles_keep_their_own_folder(tmp_path):
@@ -524,7 +552,7 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
 
 
-def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path):
+def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path, unmeasured_processor):
     """--list's seconds per step are medians of the committed SST-2 cells' measured steps, a run that does not price
     a CPU step alone is left out, and a method without one is priced by the stated assumption, which the listing
     names."""

@@ -191,6 +191,70 @@ def test_a_seed_checkpoint_rebuilds_the_adapter_bit_for_bit(tiny_factory, tokeni
         _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, method=method, **extra).run(resume=True)
 
 
+def _ranked_elsewhere(monkeypatch):
+    """Make SensZOQ masks as another processor might: the first layer's top-k holds one other entry (a Fisher
+    that rounds otherwise swaps two scores at the boundary). Returns the function that undoes it."""
+    from prge_lib.methods.senszoq import sparse
+
+    real = sparse.build_mask
+
+    def elsewhere(*args, **kwargs):
+        mask = real(*args, **kwargs)
+        name = next(iter(mask))
+        kept = set(mask[name].tolist())
+        outside = next(i for i in range(len(kept) + 1) if i not in kept)
+        mask[name] = torch.tensor(sorted(kept - {max(kept)} | {outside}), dtype=torch.int64)
+        return mask
+
+    monkeypatch.setattr(sparse, "build_mask", elsewhere)
+    return lambda: monkeypatch.setattr(sparse, "build_mask", real)
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seed checkpoint", "tensor checkpoint"])
+def test_a_senszoq_run_resumes_on_a_machine_that_ranks_another_mask(tiny_factory, tokenizer, sst2_small, tmp_path,
+                                                                    monkeypatch, seeded):
+    """A SensZOQ checkpoint keeps the mask its run began with (``Method.start``). Resumed where the mask comes out
+    otherwise (another processor's Fisher), the trainer loads the model again and builds the run from the
+    checkpoint's mask: it continues the run that began elsewhere, step for step, instead of refusing it (a seed
+    checkpoint) or writing its values onto other weights (a tensor checkpoint)."""
+    from prge_lib.training import trainer as trainer_module
+    from prge_lib.training.trainer import TrainConfig, Trainer
+
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1" if seeded else "0")
+    settings = {"method": "senszoq", "E": 4, "mask": "random", "lr": 1e-3}
+    back_home = _ranked_elsewhere(monkeypatch)
+    whole = _trainer(tiny_factory, tokenizer, sst2_small, **settings)
+    whole_result = whole.run()
+    broken = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, **settings)
+    crash_during_step(broken, 5)
+    began_with = {layer.name: layer.indices.clone() for layer in broken.method.layers}
+    back_home()
+
+    # given its model, a trainer cannot build the model again: it says so, before any step
+    with pytest.raises(CheckpointError, match="built from another start than this one"):
+        _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, **settings).run(resume=True)
+
+    monkeypatch.setattr(trainer_module, "load_model", lambda *args, **kwargs: (tiny_factory(), tokenizer))
+    config = TrainConfig("sst2", steps=6, eval_every=3, checkpoint_every=2, **settings)
+    resumed = Trainer(config, data=sst2_small, checkpoint_dir=tmp_path, progress=False)
+    assert not torch.equal(resumed.method.layers[0].indices, began_with[resumed.method.layers[0].name])
+    result = resumed.run(resume=True)
+    assert {layer.name: layer.indices for layer in resumed.method.layers}.keys() == began_with.keys()
+    assert all(torch.equal(layer.indices, began_with[layer.name]) for layer in resumed.method.layers)
+    assert result["losses"] == whole_result["losses"] and result["evals"] == whole_result["evals"]
+    for name, tensor in whole.method.trainable().items():
+        assert torch.equal(tensor, resumed.method.trainable()[name]), name
+    assert result["method_settings"]["mask_from"] == "checkpoint"
+    assert result["sittings"][0].get("start") is None and result["sittings"][-1]["start"] == "checkpoint"
+
+    # where this machine ranks the same mask, the run is not built twice
+    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1" if seeded else "0")
+    same = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)
+    crash_during_step(same, 5)
+    again = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)
+    assert "mask_from" not in again.run(resume=True)["method_settings"]
+
+
 def test_a_mezo_full_replay_needs_the_perturbation_trips(tiny_factory):
     """MeZO (Full) perturbs every weight +ε, −2ε, +ε in place around its two forwards; in floating point that trip
     does not give the weights back bit for bit, so its replay redoes the trips: with them the replayed weights

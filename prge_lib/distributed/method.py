@@ -76,6 +76,7 @@ class DataParallelPRGE:
         self.settings = {**method.settings, "workers": wire.size,
                          "queries_by_rank": [shard(method.q, k, wire.size) for k in range(wire.size)]}
         self.times: dict[str, float] = {}
+        self.start: dict = {}
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return self.inner.trainable()

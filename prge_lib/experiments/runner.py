@@ -4,7 +4,8 @@ The runner skips a cell whose result exists (and refuses to go on when a result 
 settings), resumes an interrupted cell from its checkpoint (removed once the result is written), and so continues
 where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose loss turns
 non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline stops a training cell at a
-checkpoint and keeps further cells from starting. With a pack size above 1 the training cells that can share a
+checkpoint and keeps further cells from starting. A cell whose checkpoint cannot be resumed here is said and left
+with its checkpoint untouched, and the grid goes on. With a pack size above 1 the training cells that can share a
 forward train in packs (:func:`run_pack`), each still under its own lock, checkpoint and result. A cell whose very
 run another grid has made (:func:`~prge_lib.experiments.results.twin_result`) is not run again: that result is
 adopted (:func:`adopt_twin`).
@@ -306,16 +307,25 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
             except (PackStopped, TrainingStopped) as stop:
                 say(f"pack of {len(unit)}: {stop}; the same command resumes it")
                 break
+            except CheckpointError as unread:
+                say(f"pack of {len(unit)}: {unread}; {_KEPT}")
             continue
         say(f"cell {cell.name}")
         try:
             paths.append(run_cell(cell, results, checkpoints, progress, deadline=deadline, restart=restart))
         except CellBusy as busy:
             say(str(busy))
+        except CheckpointError as unread:
+            say(f"cell {cell.name}: {unread}; {_KEPT}")
         except TrainingStopped as stop:
             say(f"cell {cell.name}: {stop}; the same command resumes it")
             break
     return paths
+
+
+# a checkpoint this machine cannot resume (one from another processor that replays otherwise, a damaged file) is
+# hours of someone's steps: it stays as it is, and the cells after it run
+_KEPT = "its checkpoint is left as it is and the grid goes on with the next cells"
 
 
 def _fits_before(cell: Cell, deadline: float | None) -> bool:

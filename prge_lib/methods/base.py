@@ -22,12 +22,16 @@ class Method(Protocol):
     ``optimizer``: the torch optimizer whose state a checkpoint saves (None for ZO-SGD, which keeps none).
     ``settings``: what was built, recorded in the result (empty: nothing to record).
     ``times``: seconds per phase summed over the steps, recorded in the result (empty: not timed).
+    ``start``: tensors beyond the config that the method was built from, which another machine may not compute
+    bit for bit (SensZOQ: its mask, ranked by a Fisher whose sums round per processor); a checkpoint keeps them
+    and a resume builds the run from them (empty: the config alone fixes the start).
     """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     settings: dict
     times: dict[str, float]
+    start: dict[str, torch.Tensor]
 
     def step(self, batch: Batch, t: int) -> dict: ...
 

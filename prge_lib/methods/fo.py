@@ -25,7 +25,8 @@ OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
 class FirstOrder:
     """Backprop training of the parameters that require grad, with Adam or SGD (a
-    :class:`prge_lib.methods.base.Method`: nothing to record in ``settings``, no phases in ``times``)."""
+    :class:`prge_lib.methods.base.Method`: nothing to record in ``settings``, no phases in ``times``, the
+    config alone fixes its ``start``)."""
 
     def __init__(self, model, lr: float, optimizer: str = "adam", lorafa: bool = False,
                  targets: Sequence[str] = DEFAULT_TARGETS, r: int = LORA_R, alpha: float = LORA_ALPHA):
@@ -47,6 +48,7 @@ class FirstOrder:
         self.optimizer = OPTIMIZERS[optimizer](list(self.params.values()), lr=lr)
         self.settings: dict = {}
         self.times: dict[str, float] = {}
+        self.start: dict = {}
         self.device = next(model.parameters()).device
 
     def _autocast(self):

@@ -159,6 +159,7 @@ class MeBP:
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
         self.device = next(model.parameters()).device
         self.times = dict.fromkeys(PHASES, 0.0)
+        self.start: dict = {}
         self.settings: dict = {}        # nothing built to record (prge_lib.methods.base.Method)
         self.folder: Path | None = None
 

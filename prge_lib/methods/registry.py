@@ -152,14 +152,15 @@ def _build_prge(c: Config, model, tokenizer=None, task_batches=None):
     return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
 
 
-def _build_senszoq(c: Config, model, tokenizer=None, task_batches=None):
-    """SensZOQ; its C4 mask needs the ``tokenizer``, a "task" mask ``task_batches()``."""
+def _build_senszoq(c: Config, model, tokenizer=None, task_batches=None, start=None):
+    """SensZOQ; its C4 mask needs the ``tokenizer``, a "task" mask ``task_batches()``; ``start``: a checkpoint's
+    mask, used instead of either (a run resumed on another machine)."""
     from prge_lib.methods.senszoq.sparse import build_senszoq
 
-    batches = task_batches() if c.mask == "task" else None
+    batches = task_batches() if c.mask == "task" and start is None else None
     return build_senszoq(_truncated(c, model), tokenizer, mask=c.mask, sparsity=c.sparsity, scope=c.mask_scope,
                          quant=c.quant, q=c.q, eps=c.eps, lr=c.lr, seed=c.seed, task_batches=batches,
-                         outer=c.outer and c.q > 1, inner=bool(c.inner))
+                         outer=c.outer and c.q > 1, inner=bool(c.inner), start=start)
 
 
 def _build_mebp(c: Config, model, tokenizer=None, task_batches=None):

@@ -59,12 +59,21 @@ class TrainingStopped(RuntimeError):
         super().__init__(f"stopped by the time limit after step {step} of {steps}; {where}")
 
 
-def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None):
+def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None, start=None):
     """The method object for ``config``, built by its spec's builder (prge_lib.methods.registry): LoRA-FA
     layers or peft adapters are injected as needed (MeZO with an ``adapter`` runs over that peft space's
     trainable parameters, prge_lib.methods.adapters). SensZOQ needs the ``tokenizer`` for its C4 mask and,
-    for a "task" mask, ``task_batches()``: the task's training batches."""
-    return registry.get(config.method).build(config, model, tokenizer, task_batches)
+    for a "task" mask, ``task_batches()``: the task's training batches. ``start``: a checkpoint's
+    ``Method.start`` to build from instead (SensZOQ's mask; only a method that has a start takes one)."""
+    extra = {} if start is None else {"start": start}
+    return registry.get(config.method).build(config, model, tokenizer, task_batches, **extra)
+
+
+def same_start(built: dict, saved: dict) -> bool:
+    """Whether a method built here starts where the checkpoint's run started (``Method.start``, bit for bit)."""
+    return built.keys() == saved.keys() and all(
+        built[k].dtype == saved[k].dtype and built[k].shape == saved[k].shape and torch.equal(built[k].cpu(), saved[k])
+        for k in built)
 
 
 def method_state(method, seed_checkpoints: bool) -> dict:
@@ -75,15 +84,21 @@ def method_state(method, seed_checkpoints: bool) -> dict:
         state = {"replay": "projected_grad", "digest": adapter_digest(method.trainable())}
     else:
         state = {"trainable": {k: v.detach().cpu().clone() for k, v in method.trainable().items()}}
+    if method.start:    # what it was built from, and the settings that say how (Method.start)
+        state["start"] = {"tensors": {k: v.detach().cpu() for k, v in method.start.items()},
+                          "settings": dict(method.settings)}
     if method.optimizer is not None:
         state["optimizer"] = method.optimizer.state_dict()
     return state
 
 
-def restore_method_state(method, state: dict, grads: list, step: int, path: Path, name: str) -> None:
-    """Bring ``method`` (as built, at step 0) to the checkpoint's ``step`` from its :func:`method_state`: the
-    tensors copied in, or the steps replayed from ``grads`` (their projected gradients) and the result refused
-    unless its digest is the recorded one; then the optimizer state. ``name``: the method, for the errors."""
+def restore_method_state(method, state: dict, grads: list, step: int, path: Path, name: str,
+                         processor_name: str | None = None) -> None:
+    """Bring ``method`` (as built, at step 0, from the checkpoint's start where it keeps one) to the checkpoint's
+    ``step`` from its :func:`method_state`: the tensors copied in, or the steps replayed from ``grads`` (their
+    projected gradients) and the result refused unless its digest is the recorded one; then the optimizer state.
+    ``name``: the method, ``processor_name``: where the checkpoint's last sitting ran, for the errors."""
+    made_on = f" ({processor_name})" if processor_name else ""
     if "replay" in state:
         if not can_rebuild(method):
             raise CheckpointError(path, f"it holds the run's history instead of its adapter (a seed checkpoint), "
@@ -93,10 +108,12 @@ def restore_method_state(method, state: dict, grads: list, step: int, path: Path
                                         f"{len(grads)} steps")
         rebuild(method, grads)
         if adapter_digest(method.trainable()) != state["digest"]:
+            start = "" if "start" in state or not method.start else (
+                ", or built another start (a SensZOQ mask recomputed here: the checkpoint predates the mask kept "
+                "in checkpoints)")
             raise CheckpointError(path, f"replaying its {len(grads)} steps did not give the adapter it recorded "
-                                        f"(another digest): this machine rounds the update differently, or built "
-                                        f"another start (a SensZOQ mask recomputed here); resume it where it was "
-                                        f"made")
+                                        f"(another digest): this machine rounds the update differently{start}; "
+                                        f"resume it where it was made{made_on}")
     else:
         with torch.no_grad():
             for key, tensor in method.trainable().items():
@@ -157,26 +174,59 @@ class Trainer:
         self.data = data if data is not None else sample_task(self.task, c.seed, c.n_train, c.n_val, c.n_test)
         if len(self.data.train) < c.batch_size:
             raise ValueError(f"{len(self.data.train)} training examples cannot fill a batch of {c.batch_size}")
-        if model is None or tokenizer is None:
-            quant = registry.get(self.config.method).load_quant(self.config.quant)
-            model, tokenizer = load_model(self.config.model, dtype=self.config.dtype, quant=quant,
-                                          device=self.config.device)
+        self.loads_model = model is None or tokenizer is None   # then it may load it again (adopt_start)
+        if self.loads_model:
+            model, tokenizer = self.load_model()
         self.tokenizer = tokenizer
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
-        if method_builder is None:
-            self.method = build_method(c, model, tokenizer, self.task_batches)
-        else:
-            self.method = method_builder(c, model)
-        check_method(self.method, c.method)
-        self.model = self.method.model
-        self.device = next(self.model.parameters()).device
+        self.method_builder = method_builder
+        self.set_method(self.build(model))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.seed_checkpoints = os.environ.get("PRGE_SEED_CHECKPOINTS", "") == "1" if seed_checkpoints is None \
             else bool(seed_checkpoints)
         self.progress = progress
         self.history = {"losses": [], "step_s": [], "evals": [], "projected_grad": []}
         self.step = 0
+        self.started_from_checkpoint = False    # rebuilt from a checkpoint's start (Trainer.adopt_start)
         self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
+
+    # ----- the model and the method
+    def load_model(self):
+        """(model, tokenizer) as the config names them, loaded for this run (quantized as its method asks)."""
+        quant = registry.get(self.config.method).load_quant(self.config.quant)
+        return load_model(self.config.model, dtype=self.config.dtype, quant=quant, device=self.config.device)
+
+    def build(self, model, start=None):
+        """The method for this run on ``model`` (``method_builder``'s, else :func:`build_method`), from ``start``
+        where given: a checkpoint's ``Method.start``."""
+        if self.method_builder is not None:
+            if start is not None:
+                raise ValueError("a Trainer given its method_builder cannot build a run from a checkpoint's start")
+            return self.method_builder(self.config, model)
+        return build_method(self.config, model, self.tokenizer, self.task_batches, start)
+
+    def set_method(self, method) -> None:
+        self.method = check_method(method, self.config.method)
+        self.model = self.method.model
+        self.device = next(self.model.parameters()).device
+
+    def adopt_start(self, saved: dict, path: Path) -> bool:
+        """Build the run again from a checkpoint's start (``saved``: its tensors and the settings they were built
+        with) where the method built here started elsewhere: a SensZOQ mask that this processor ranks with a few
+        other entries. Returns whether it did; a Trainer given its model cannot, and says so."""
+        if same_start(self.method.start, saved["tensors"]):
+            return False
+        if not self.loads_model or self.method_builder is not None:
+            raise CheckpointError(path, f"its run was built from another start than this one ({self.config.method}"
+                                        f"'s Method.start: a mask as the processor that began it ranked it), and a "
+                                        f"Trainer given its model or method_builder cannot build the model again: "
+                                        f"resume with a Trainer that loads its model (model=None), as prge train "
+                                        f"and prge reproduce do")
+        self.method = self.model = None     # the model built here goes before another loads
+        model, _ = self.load_model()
+        self.set_method(self.build(model, start=saved["tensors"]))
+        self.method.settings = {**saved["settings"], **self.method.settings}
+        return True
 
     # ----- data order: a pure function of (seed, step)
     def epoch_order(self, epoch: int) -> list[int]:
@@ -280,8 +330,11 @@ class Trainer:
             raise ValueError(f"the checkpoint in {path.parent} is at step {payload['step']}, past this run's "
                              f"{self.config.steps} steps: give at least --steps {payload['step']}, or move the "
                              f"folder away to start the run again")
+        sittings = payload["history"].get("sittings") or [{}]
+        self.started_from_checkpoint = "start" in payload["method"] and self.adopt_start(payload["method"]["start"],
+                                                                                          path)
         restore_method_state(self.method, payload["method"], payload["history"].get("projected_grad", []),
-                             payload["step"], path, self.config.method)
+                             payload["step"], path, self.config.method, sittings[-1].get("processor"))
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
         if "step_time_s" in self.history:       # a checkpoint written before step times were named step_s
             self.history["step_s"] = self.history.pop("step_time_s")
@@ -302,7 +355,10 @@ class Trainer:
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
         # and on which processor each sitting ran: one resumed on another machine rounds otherwise from there on
-        self.history.setdefault("sittings", []).append({"step": self.step, "processor": processor(self.device)})
+        # (and, where this machine would have built another start, that it took the checkpoint's)
+        self.history.setdefault("sittings", []).append(
+            {"step": self.step, "processor": processor(self.device),
+             **({"start": "checkpoint"} if self.started_from_checkpoint else {})})
         if not resume and self.config.eval_every and evaluate:
             self.record_evaluation(0)
 

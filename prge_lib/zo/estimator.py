@@ -19,8 +19,8 @@ def step_seeds(run_seed: int, step: int, q: int) -> list[int]:
 class ZerothOrder:
     """Common shape of the ZO methods for the trainer: ``step(batch, t)`` → per-step record, and
     ``trainable()`` → the tensors a checkpoint saves (the trainer copies them out and back). ZO-SGD keeps no
-    optimizer state (``optimizer`` is None); ``settings`` (what was built) and ``times`` (seconds per phase)
-    start empty."""
+    optimizer state (``optimizer`` is None); ``settings`` (what was built), ``times`` (seconds per phase) and
+    ``start`` (what a checkpoint keeps of the build) start empty."""
 
     optimizer = None
     rebuildable = False       # True where :meth:`rebuild` replays the run (a seed checkpoint can stand for it)
@@ -33,6 +33,7 @@ class ZerothOrder:
         self.model, self.q, self.eps, self.lr, self.seed = model, q, eps, lr, seed
         self.settings: dict = {}
         self.times: dict[str, float] = {}
+        self.start: dict[str, torch.Tensor] = {}
 
     def trainable(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

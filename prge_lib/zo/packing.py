@@ -617,6 +617,7 @@ class PackedMethod:
         self.pack, self.r, self.model = pack, r, pack.model
         self.settings: dict = {}
         self.times: dict[str, float] = {}
+        self.start: dict[str, torch.Tensor] = {}
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {f"{layer.index}.lora_B": layer.lora_B for layer in self.pack.runs[self.r].layers}

@@ -179,6 +179,9 @@ class SensZOQ(ZerothOrder):
         super().__init__(model, q, eps, lr, seed)
         self.layers, self.outer, self.inner = list(layers), outer, inner
         check_zo_dtype([layer.values for layer in self.layers], "SensZOQ")
+        # the mask is the start a checkpoint keeps (Method.start): another processor ranks its Fisher with other
+        # roundings, so a few entries at the top-k boundary may differ there (int32: a fifth of a megabyte at 0.1%)
+        self.start = {layer.name: layer.indices.to("cpu", torch.int32) for layer in self.layers}
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {f"{layer.name}.values": layer.values for layer in self.layers}
@@ -211,14 +214,19 @@ def build_senszoq(model, tokenizer, *, mask="c4", sparsity: float = 1e-3, scope:
                   quant: str = "nf4", q: int = 1, eps: float = 1e-3, lr: float = 1e-6, seed: int = 0,
                   task_batches: Sequence[Batch] | None = None, cache: bool = True, mode: str = "dense",
                   outer: bool = False, inner: bool = False, n_c4: int = 64, max_length: int = 256,
-                  progress: bool = True) -> SensZOQ:
+                  progress: bool = True, start: Mapping[str, torch.Tensor] | None = None) -> SensZOQ:
     """The whole SensZOQ recipe (Guo et al. Fig. 4) on an unquantized ``model``: the mask (a kind from
     ``sensitivity.MASK_KINDS`` or a ready mask dict; "c4" is cached, "task" needs ``task_batches``), the
-    split with the remainder in NF4, and the ZO method. ``method.settings`` records what was built."""
+    split with the remainder in NF4, and the ZO method. ``method.settings`` records what was built.
+    ``start``: the mask of a run's checkpoint (:attr:`SensZOQ.start`), used instead of computing the one ``mask``
+    names, which this machine may round to a few other entries: how a run resumes elsewhere than where it began."""
     _check(quant, QUANTS, "quant"), _check(mode, MODES, "mode")
     settings = {"mask": mask if isinstance(mask, str) else "given", "sparsity": sparsity, "scope": scope,
                 "quant": quant, "mode": mode}
-    if mask == "c4":
+    if start is not None:
+        mask = {name: torch.as_tensor(idx, dtype=torch.int64) for name, idx in start.items()}
+        settings["mask_from"] = "checkpoint"
+    elif mask == "c4":
         mask, made = c4_mask(model, tokenizer, sparsity, scope, n_c4, max_length, cache, progress)
         settings.update({k: made[k] for k in ("sequences", "tokens", "seconds") if k in made})
     elif mask == "task":
