@@ -248,7 +248,6 @@ def test_a_senszoq_run_resumes_on_a_machine_that_ranks_another_mask(tiny_factory
     assert result["sittings"][0].get("start") is None and result["sittings"][-1]["start"] == "checkpoint"
 
     # where this machine ranks the same mask, the run is not built twice
-    monkeypatch.setenv("PRGE_SEED_CHECKPOINTS", "1" if seeded else "0")
     same = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)
     crash_during_step(same, 5)
     again = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)

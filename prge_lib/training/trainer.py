@@ -69,13 +69,6 @@ def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None, 
     return registry.get(config.method).build(config, model, tokenizer, task_batches, **extra)
 
 
-def same_start(built: dict, saved: dict) -> bool:
-    """Whether a method built here starts where the checkpoint's run started (``Method.start``, bit for bit)."""
-    return built.keys() == saved.keys() and all(
-        built[k].dtype == saved[k].dtype and built[k].shape == saved[k].shape and torch.equal(built[k].cpu(), saved[k])
-        for k in built)
-
-
 def method_state(method, seed_checkpoints: bool) -> dict:
     """What a checkpoint keeps of ``method``: with ``seed_checkpoints``, for a method :func:`~prge_lib.zo.replay.
     rebuild` can rebuild, the digest of its trainable tensors (the run's projected gradients, kept in its history,
@@ -198,10 +191,8 @@ class Trainer:
 
     def build(self, model, start=None):
         """The method for this run on ``model`` (``method_builder``'s, else :func:`build_method`), from ``start``
-        where given: a checkpoint's ``Method.start``."""
+        where given: a checkpoint's ``Method.start`` (which :meth:`adopt_start` passes only without a builder)."""
         if self.method_builder is not None:
-            if start is not None:
-                raise ValueError("a Trainer given its method_builder cannot build a run from a checkpoint's start")
             return self.method_builder(self.config, model)
         return build_method(self.config, model, self.tokenizer, self.task_batches, start)
 
@@ -214,7 +205,7 @@ class Trainer:
         """Build the run again from a checkpoint's start (``saved``: its tensors and the settings they were built
         with) where the method built here started elsewhere: a SensZOQ mask that this processor ranks with a few
         other entries. Returns whether it did; a Trainer given its model cannot, and says so."""
-        if same_start(self.method.start, saved["tensors"]):
+        if adapter_digest(self.method.start) == adapter_digest(saved["tensors"]):     # the same start, bit for bit
             return False
         if not self.loads_model or self.method_builder is not None:
             raise CheckpointError(path, f"its run was built from another start than this one ({self.config.method}"
