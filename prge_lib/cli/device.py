@@ -102,7 +102,11 @@ def run_bundle_build(args) -> int:
     for item in settings.pop("skipped"):
         print(f"prge: {item} is left out: the machine has it (--skip-installed-on-box or the profile)",
               file=sys.stderr)
+    if args.no_project_wheel:
+        print("prge: the project's wheel is left out (--no-project-wheel): run the repository's clone on the machine",
+              file=sys.stderr)
     manifest = bundle.build_bundle(args.bundle_out, **settings, part_bytes=max(1, int(args.part_mib * 2**20)),
+                                   project=not args.no_project_wheel,
                                    say=lambda line: print(f"prge: {line}", file=sys.stderr))
     print("\n".join(bundle.listing(manifest)))
     print(f"-> {args.bundle_out}: copy every file in it to the machine, then run python3 install.py --check-only "
@@ -269,4 +273,7 @@ def bundle_options(bu) -> None:
     build.add_argument("--without", default=None, metavar="NAMES",
                        help="profile wheels to leave out although the machine lacks them, comma-separated (e.g. "
                             "bitsandbytes for a sitting with no INT8/NF4 run: one copy fewer)")
+    build.add_argument("--no-project-wheel", action="store_true",
+                       help="leave out the project's own wheel (4 MiB with the shipped task pools), for a machine "
+                            "that runs a clone of the repository, as a GPU sitting does")
     build.set_defaults(run=run_bundle_build)
