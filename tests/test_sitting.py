@@ -271,7 +271,8 @@ def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository
     part = max(1, int(float(found.group(1)) * 2**20))          # as prge bundle build splits (prge_lib.cli.device)
     name, size = MODEL_WHEEL
     sizes = [min(part, size - start) for start in range(0, size, part)]
-    assert len(sizes) == 2, f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into {len(sizes)} parts"
+    assert len(sizes) == 2, (f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into "
+                             f"{len(sizes)} parts")
     manifest = {"files": [{"parts": [{"name": f"wheels/{name}.part-{k:03d}", "size": s}
                                      for k, s in enumerate(sizes, 1)]},
                           {"parts": [{"name": "wheels/the-small-wheels", "size": 2**20}]}]}
