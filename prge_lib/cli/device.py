@@ -105,7 +105,7 @@ def run_bundle_build(args) -> int:
     if args.no_project_wheel:
         print("prge: the project's wheel is left out (--no-project-wheel): run the repository's clone on the machine",
               file=sys.stderr)
-    manifest = bundle.build_bundle(args.bundle_out, **settings, part_bytes=max(1, int(args.part_mib * 2**20)),
+    manifest = bundle.build_bundle(args.bundle_out, **settings, part_bytes=bundle.part_bytes_of(args.part_mib),
                                    project=not args.no_project_wheel,
                                    say=lambda line: print(f"prge: {line}", file=sys.stderr))
     print("\n".join(bundle.listing(manifest)))

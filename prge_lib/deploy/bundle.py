@@ -164,22 +164,33 @@ def _one_wheel(command: list[str], dest: Path, what: str) -> Path:
     return files[0]
 
 
-def split_file(path: Path, dest: Path, part_bytes: int) -> dict:
-    """Copy ``path`` into the folder ``dest``: whole if it has at most ``part_bytes`` bytes, else as numbered
-    parts ``NAME.part-001`` ... Returns its manifest entry (name, size, sha256, parts with size and sha256;
-    part names are relative to the bundle, under ``dest``'s name)."""
+def part_bytes_of(mib: float) -> int:
+    """``--part-mib`` in bytes (at least one)."""
+    return max(1, int(mib * 2**20))
+
+
+def part_plan(name: str, size: int, part_bytes: int) -> list[tuple[str, int]]:
+    """The (name, size) of each part :func:`split_file` makes of a file ``name`` of ``size`` bytes: the file
+    itself if it has at most ``part_bytes`` bytes, else numbered parts ``NAME.part-001`` ..."""
     if part_bytes < 1:
         raise ValueError(f"the part size must be at least 1 byte, got {part_bytes}")
+    if size <= part_bytes:
+        return [(name, size)]
+    return [(f"{name}.part-{i + 1:03d}", min(part_bytes, size - start))
+            for i, start in enumerate(range(0, size, part_bytes))]
+
+
+def split_file(path: Path, dest: Path, part_bytes: int) -> dict:
+    """Copy ``path`` into the folder ``dest`` as :func:`part_plan` says. Returns its manifest entry (name, size,
+    sha256, parts with size and sha256; part names are relative to the bundle, under ``dest``'s name)."""
     size = path.stat().st_size
-    count = max(1, -(-size // part_bytes))
-    names = [path.name] if count == 1 else [f"{path.name}.part-{i + 1:03d}" for i in range(count)]
     whole, parts = hashlib.sha256(), []
     with open(path, "rb") as source:
-        for name in names:
+        for name, planned in part_plan(path.name, size, part_bytes):
             digest, written = hashlib.sha256(), 0
             with open(dest / name, "wb") as out:
-                while written < part_bytes:
-                    block = source.read(min(1 << 20, part_bytes - written))
+                while written < planned:
+                    block = source.read(min(1 << 20, planned - written))
                     if not block:
                         break
                     for d in (digest, whole):
