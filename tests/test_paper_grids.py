@@ -439,3 +439,85 @@ def test_seeds_beyond_the_plan_are_named_as_a_second_look(tmp_path):
     _, md_path = rp.write_summary("senszoq", tmp_path)
     assert "run after a first look at a comparison (the chapters' tests count the looks): SensZOQ (c4 mask, " \
            "0.1%) on sst2: seed 4." in md_path.read_text()
+
+
+def _stalled(cell, root, losses, start=0.53, best=0.54):
+    """A synthetic result of ``cell`` that stayed at zero-shot (best validation within one standard error of its
+    step-0 score at 500 examples) with training ``losses``."""
+    _write(cell, root, best, start=start)
+    path = cell.result_path(root)
+    result = json.loads(path.read_text())
+    result.update(losses=losses, steps=len(losses), data_sizes={"val": 500})
+    path.write_text(json.dumps(result))
+
+
+def test_a_row_that_never_trained_adds_the_rates_where_its_training_loss_turns(tmp_path, capsys):
+    """The cpu profile runs every other rate of the paper's grid. A row whose whole sweep stayed at zero-shot gets
+    the paper's rates between the largest rate whose training loss fell (its last 50 steps below the first 50 of
+    the smallest rate) and the smallest whose loss rose: here 3e-2, between 1e-2 (8 -> 4) and 1e-1 (8 -> 23). The
+    added cell joins the sweep (its own command, --list says why), the confirm stage waits for it, the summary names
+    it; once it has run nothing more lies between, and a row that trained, or one missing a result, adds nothing."""
+    key = ("sst2", "senszoq-random-s1e-3")
+    sweep = rp.grid_cells("senszoq", "cpu", only="sst2/senszoq-random-s1e-3")
+    assert [c.lr for c in sweep] == [1e-4, 1e-3, 1e-2, 1e-1]
+    ends = {1e-4: 7.9, 1e-3: 7.0, 1e-2: 4.0, 1e-1: 23.0}
+    for cell in sweep[:3]:
+        _stalled(cell, tmp_path, [8.0] * 50 + [ends[cell.lr]] * 50)
+    assert rp.refined_cells(sweep, tmp_path) == {}                   # 1e-1 has not run: nothing to place yet
+    _stalled(sweep[3], tmp_path, [8.0] * 50 + [23.0] * 50)
+    (found, extra), = rp.refined_cells(sweep, tmp_path).values()
+    assert found == rp.Refinement((3e-2,), 1e-2, 1e-1)
+    added, = [cell for cell, record in extra]
+    assert (added.lr, added.seed, added.config()["lr"], added.config()["mask"]) == (3e-2, 0, 3e-2, "random")
+    assert added.command() == "prge reproduce senszoq --profile cpu --only sst2/senszoq-random-s1e-3_lr3e-2_seed0"
+    plan = rp.stage_plan("senszoq", "cpu", only="sst2/senszoq-random-s1e-3", results=tmp_path)
+    assert [c.name for c in plan.cells][-1] == added.name and len(plan.cells) == 5
+    assert rp.sweep_cells("senszoq", "cpu", only=added.name, results=tmp_path) == [added]
+    assert [c.name for c in rp.sweep_cells("senszoq", "cpu", seeds=[1], only="sst2/senszoq-random-s1e-3_lr3e-2",
+                                           results=tmp_path)] == ["sst2/senszoq-random-s1e-3_lr3e-2_seed1"]
+    assert rp.confirm_waiting("senszoq", "cpu", only="sst2/senszoq-random-s1e-3", results=tmp_path) == \
+        {key: [added]}                                               # the confirm stage waits for the added rate
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "senszoq", "--only", "sst2/senszoq-random-s1e-3", "--list", *roots]) == 0
+    assert ("added: sst2/senszoq-random-s1e-3: no rate trained; lr 3e-2 added where its training loss turned from "
+            "falling to rising (last between 1e-2, whose loss fell, and 1e-1, whose rose)") in capsys.readouterr().out
+    # it ran and rose too: no paper rate lies between 1e-2 and 3e-2, so the row's sweep is complete with it
+    _stalled(added, tmp_path, [8.0] * 50 + [15.0] * 50, best=0.55)
+    (found, extra), = rp.refined_cells(sweep, tmp_path).values()
+    assert [cell.name for cell, _ in extra] == [added.name] and extra[0][1] is not None
+    assert rp.best_rates(rp.sweep_cells("senszoq", "cpu", results=tmp_path), tmp_path).rates[key] == 3e-2
+    record = next(r for r in rp.summarize("senszoq", tmp_path) if r["row"] == key[1])
+    assert record["lrs_tried"] == [1e-4, 1e-3, 1e-2, 3e-2, 1e-1]
+    assert rp.lr_note(record) == ("lr 3e-2 chosen on validation from {1e-4, 1e-3, 1e-2, 3e-2, 1e-1}, where no rate "
+                                  "trained: the choice is the noise of a validation score ({3e-2} added to its grid "
+                                  "where its training loss turned from falling to rising)")
+    # the paper profile runs every rate: nothing lies between two of its rates
+    paper = rp.grid_cells("senszoq", "paper", only="sst2/senszoq-random-s1e-3")
+    for cell in paper:
+        _stalled(cell, tmp_path, [8.0] * 50 + [4.0 if cell.lr <= 1e-2 else 23.0] * 50)
+    assert rp.refined_cells(paper, tmp_path) == {}
+
+
+def test_the_loss_rule_adds_a_rate_only_between_a_fall_and_a_rise():
+    """:func:`stability_rates` on one row's runs: the finer rates between the largest fall below the first rise."""
+    cells = {c.lr: c for c in rp.grid_cells("senszoq", "cpu", only="sst2/senszoq-largest-s1e-3")}
+    finer = cells[1e-4].row.lrs["paper"]
+
+    def run(end, start=0.53, best=0.54, head=8.0):
+        return {"losses": [head] * 50 + [end] * 50, "evals": [{"step": 0, "val": start, "test": 0.5}],
+                "best_val": {"step": 10, "val": best, "test": 0.5}, "data_sizes": {"val": 500}, "config": {}}
+
+    row = [(cells[1e-4], run(7.9)), (cells[1e-3], run(6.3)), (cells[1e-2], run(26.0)), (cells[1e-1], run(28.5))]
+    assert rp.stability_rates(row, finer) == rp.Refinement((3e-3,), 1e-3, 1e-2)
+    # the start is the smallest rate's first 50 steps: a run that blew up at once (head 28) still rose
+    row[3] = (cells[1e-1], run(20.0, head=28.0))
+    assert rp.stability_rates(row, finer) == rp.Refinement((3e-3,), 1e-3, 1e-2)
+    # a fall above the first rise does not move it: the first turn from the smallest rate up decides
+    row[3] = (cells[1e-1], run(5.0))
+    assert rp.stability_rates(row, finer) == rp.Refinement((3e-3,), 1e-3, 1e-2)
+    assert rp.stability_rates([(c, run(4.0)) for c in cells.values()], finer) is None        # no rate rose
+    assert rp.stability_rates([(c, run(9.0)) for c in cells.values()], finer) is None        # none fell below a rise
+    assert rp.stability_rates(row[:2] + [(cells[1e-2], None)] + row[3:], finer) is None     # a run missing
+    trained = [(cells[1e-4], run(7.9)), (cells[1e-3], run(6.3, best=0.60))] + row[2:]       # 7 points up: trained
+    assert rp.stability_rates(trained, finer) is None
+    assert rp.stability_rates(row, (1e-4, 1e-3, 1e-2, 1e-1)) is None                         # no finer rate between

@@ -63,6 +63,10 @@ def run_reproduce(args) -> int:
             print(line)
         for key, found in beyond.items():
             print(f"not needed: {rp.bracket_text(key, found)}")
+        if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
+            added = rp.read_sweep(args.grid, args.profile, args.model, roots["results"], **overrides).added
+            for key, found in added.items():
+                print(f"added: {rp.refinement_text(key, found)}")
         if waiting:
             print(f"the whole confirm stage (a row still sweeping priced at a stand-in rate): "
                   f"{_confirm_totals(rp, args, pack, roots, overrides, step_note=False)}")
@@ -91,8 +95,8 @@ def run_reproduce(args) -> int:
     if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
         # a two-stage sweep: the rates likeliest to bracket each row's best first, and a cell that a bracket made
         # unneeded meanwhile left out
-        sweep = rp.grid_cells(args.grid, args.profile, None, None, args.model, **overrides)
-        cells = rp.sweep_order(cells, rp.sweep_runs(sweep, roots["results"]))
+        sweep, runs, _ = rp.read_sweep(args.grid, args.profile, args.model, roots["results"], **overrides)
+        cells = rp.sweep_order(cells, runs)
         needed = rp.sweep_skip(sweep, roots["results"])
     rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
                 say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,

@@ -14,7 +14,8 @@ validation and report the test score over the seeds. This module gathers the nam
 - :mod:`~prge_lib.experiments.packs`: which training cells train together (``plan_packs``, ``pack_key``,
   ``step_shape``);
 - :mod:`~prge_lib.experiments.stages`: two-stage grids, a sweep (stopping a row once its best rate is
-  bracketed) then a confirmation at the best rates (``stage_plan``, ``best_rates``);
+  bracketed, widening a row that never trained where its training loss turns) then a confirmation at the best
+  rates (``stage_plan``, ``sweep_cells``, ``best_rates``);
 - :mod:`~prge_lib.experiments.status`: a cell's state and the ``--list`` table (``cell_status``, ``list_cells``);
 - :mod:`~prge_lib.experiments.runner`: running cells locally or on Ray (``run_cell``, ``run_pack``, ``run_grid``);
 - :mod:`~prge_lib.experiments.summaries`: the tables from the results (``summarize``, ``runs_of``, ``write_summary``);
@@ -40,11 +41,11 @@ from prge_lib.experiments.results import (ResultFileError, cell_matches, check_f
                                           validate_result)
 from prge_lib.experiments.runner import (BACKENDS, EMBEDDED_MODEL, adopt_twin, connect_ray, run_cell, run_grid,
                                          run_pack)
-from prge_lib.experiments.stages import (StagePlan, SweepChoice, SweepLeftOut, SweepNotDone, best_rates,
-                                         bracket_text, check_stage, confirm_estimate_cells, confirm_waiting,
-                                         stage_cells,
-                                         stage_plan, stalled_rows, sweep_edges, sweep_order, sweep_runs,
-                                         sweep_skip, untrained_rows)
+from prge_lib.experiments.stages import (LOSS_WINDOW, Refinement, StagePlan, Sweep, SweepChoice, SweepLeftOut,
+                                         SweepNotDone, best_rates, bracket_text, check_stage, confirm_estimate_cells,
+                                         confirm_waiting, read_sweep, refined_cells, refinement_text,
+                                         stability_rates, stage_cells, stage_plan, stalled_rows, sweep_cells,
+                                         sweep_edges, sweep_order, sweep_runs, sweep_skip, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.stats import compare_rows, compare_scores, describe, seeds_needed, seeds_words
 from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
@@ -63,9 +64,10 @@ __all__ = [
     "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Bracket", "Row", "bracket",
     "lr_text",
-    "StagePlan", "SweepChoice", "SweepLeftOut", "SweepNotDone", "best_rates", "bracket_text", "check_stage",
-    "confirm_estimate_cells", "confirm_waiting", "stage_cells", "stage_plan",
-    "stalled_rows", "sweep_edges", "sweep_order", "sweep_runs", "sweep_skip", "untrained_rows",
+    "LOSS_WINDOW", "Refinement", "StagePlan", "Sweep", "SweepChoice", "SweepLeftOut", "SweepNotDone", "best_rates",
+    "bracket_text", "check_stage", "confirm_estimate_cells", "confirm_waiting", "read_sweep", "refined_cells",
+    "refinement_text", "stability_rates", "stage_cells", "stage_plan", "stalled_rows", "sweep_cells", "sweep_edges",
+    "sweep_order", "sweep_runs", "sweep_skip", "untrained_rows",
     "LOCK_WAIT_S", "CellBusy", "cell_holder", "cell_lock",
     "check_pack_size", "pack_key", "plan_packs", "step_shape",
     "ResultFileError", "cell_matches", "check_file_cell", "conflicting_results", "read_if_present", "read_result", "result_differs",

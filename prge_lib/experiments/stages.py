@@ -5,9 +5,16 @@ cannot move it). A row's sweep stops early once its results bracket its best rat
 ran and scored lower, :func:`~prge_lib.experiments.grids.bracket`): the rates further out are left out, and its
 confirm seeds start. Both stages write into the grid's one folder: the confirm cell of the sweep's seed at the
 chosen rate is the sweep's own cell, already done.
+
+A row whose whole sweep stayed at zero-shot has no validation peak to bracket, so its training loss places the
+rates it still needs (:func:`stability_rates`): where a profile runs every other rate of the paper's grid, the
+paper's rates between the largest rate whose loss fell and the smallest whose loss rose join its sweep, the
+largest stable step, where the row would train if any rate of the grid did.
 """
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterable, NamedTuple
@@ -185,6 +192,120 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     return stalled
 
 
+LOSS_WINDOW = 50       # steps averaged at each end of a run's training loss (stability_rates)
+
+
+class Refinement(NamedTuple):
+    """The rates a stalled row's sweep adds (:func:`stability_rates`): ``lrs``, the finer grid's rates between
+    ``fell``, the largest rate tried whose training loss fell, and ``rose``, the smallest tried above it, whose loss
+    rose."""
+    lrs: tuple
+    fell: float
+    rose: float
+
+
+def stability_rates(row: Iterable[tuple[Cell, dict | None]], finer: Iterable[float]) -> Refinement | None:
+    """The rates of ``finer`` (the row's paper grid) that one row of :func:`sweep_runs` still needs where its whole
+    sweep ran and stayed at zero-shot (:func:`left_zero_shot`): a rate's training loss fell where the mean of its
+    runs' last ``LOSS_WINDOW`` losses lies below the start, the mean of the first ``LOSS_WINDOW`` losses at the
+    smallest rate tried (whose steps are too small to move it); the finer rates between the smallest rate whose loss
+    rose and the largest below it whose loss fell are the largest stable step, which a coarse grid skipped. The rule
+    reads the training loss, never validation, so it cannot fit a validation score's noise. None where a run is
+    missing, a run trained (or cannot tell), no rate's loss fell below one that rose, or no finer rate lies between.
+    """
+    by_lr: dict[float, list[dict]] = {}
+    for cell, record in row:
+        if record is None:
+            return None
+        by_lr.setdefault(cell.lr, []).append(record)
+    records = [r for runs in by_lr.values() for r in runs]
+    if not records or any(left_zero_shot(r) is not False or not r.get("losses") for r in records):
+        return None
+    tried = sorted(by_lr)
+    start = statistics.fmean(statistics.fmean(r["losses"][:LOSS_WINDOW]) for r in by_lr[tried[0]])
+    fell = {lr: statistics.fmean(statistics.fmean(r["losses"][-LOSS_WINDOW:]) for r in by_lr[lr]) < start
+            for lr in tried}
+    rose = [lr for lr in tried if not fell[lr]]
+    below = [lr for lr in tried if fell[lr] and rose and lr < rose[0]]
+    if not below:
+        return None
+    between = tuple(lr for lr in sorted(finer) if below[-1] < lr < rose[0])
+    return Refinement(between, below[-1], rose[0]) if between else None
+
+
+def _variant(cell: Cell, **changes) -> Cell:
+    """``cell`` with ``changes`` (its ``lr``, ``seed``) in its fields and settings alike, its other settings (the
+    model and overrides it was made with) kept."""
+    return dataclasses.replace(cell, **changes, settings=tuple((k, changes.get(k, v)) for k, v in cell.settings))
+
+
+def refined_cells(sweep: Iterable[Cell], results: Path = RESULTS,
+                  runs: dict[tuple, list[tuple[Cell, dict | None]]] | None = None) -> dict[tuple, tuple]:
+    """{(task, row key): (its last :class:`Refinement`, [(added cell, its result or None)])} for each row of a
+    two-stage ``sweep`` (its grid's cells; ``runs``, their :func:`sweep_runs`, where read already) that
+    :func:`stability_rates` widens: the added rates at the seeds of the row's smallest rate, their results read
+    from ``results``; refined again once those have run, while a finer rate lies between."""
+    added = {}
+    for key, row in (sweep_runs(sweep, results) if runs is None else runs).items():
+        if any(cell.lr is None for cell, _ in row):         # a row without a learning rate (zero-shot)
+            continue
+        template = min(row, key=lambda run: run[0].lr)[0]
+        seeds = sorted({cell.seed for cell, _ in row if cell.lr == template.lr})
+        finer = template.row.lrs.get("paper", ())
+        extra, found = [], stability_rates(row, finer)
+        while found is not None:
+            extra += sweep_runs([_variant(template, lr=lr, seed=seed) for lr in found.lrs for seed in seeds],
+                                results)[key]
+            added[key] = (found, list(extra))
+            found = stability_rates(row + extra, finer)
+    return added
+
+
+def refinement_text(key: tuple, found: tuple) -> str:
+    """A line for a row of :func:`refined_cells`: "sst2/senszoq-random-s1e-3: no rate trained; lr 3e-2 added
+    where its training loss turned from falling to rising (last between 1e-2, whose loss fell, and 1e-1, whose
+    rose)"."""
+    (task, row), (last, extra) = key, found
+    rates = ", ".join(lr_text(lr) for lr in sorted({cell.lr for cell, _ in extra}))
+    return (f"{task}/{row}: no rate trained; lr {rates} added where its training loss turned from falling to "
+            f"rising (last between {lr_text(last.fell)}, whose loss fell, and {lr_text(last.rose)}, whose rose)")
+
+
+class Sweep(NamedTuple):
+    """A two-stage grid's whole sweep (:func:`read_sweep`): its ``cells``, their ``runs`` (:func:`sweep_runs`) and
+    ``added``, the rows that :func:`refined_cells` widened."""
+    cells: list[Cell]
+    runs: dict[tuple, list[tuple[Cell, dict | None]]]
+    added: dict[tuple, tuple]
+
+
+def read_sweep(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
+               **overrides) -> Sweep:
+    """The whole sweep of the two-stage ``grid``, each result under ``results`` read once: the grid's cells
+    (:func:`~prge_lib.experiments.cells.grid_cells`) and after them the cells :func:`refined_cells` adds to its
+    stalled rows."""
+    cells = grid_cells(grid, profile, None, None, model, **overrides)
+    runs = sweep_runs(cells, results)
+    added = refined_cells(cells, results, runs)
+    for key, (_, extra) in added.items():
+        cells += [cell for cell, _ in extra]
+        runs[key] = runs[key] + extra
+    return Sweep(cells, runs, added)
+
+
+def sweep_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None, only: str | None = None,
+                model: str | None = None, results: Path = RESULTS, **overrides) -> list[Cell]:
+    """The sweep of ``grid`` (``seeds`` replacing every row's seeds), selected by ``only`` as
+    :func:`~prge_lib.experiments.cells.grid_cells` selects: in a two-stage grid with the rates
+    :func:`refined_cells` adds to its stalled rows from the results under ``results`` (:func:`read_sweep`)."""
+    if "confirm_seeds" not in GRIDS[grid]:
+        return grid_cells(grid, profile, seeds, only, model, **overrides)
+    cells = read_sweep(grid, profile, model, results, **overrides).cells
+    if seeds is not None:
+        cells = list({(c.task, c.row.key, c.lr, s): _variant(c, seed=s) for c in cells for s in seeds}.values())
+    return select(cells, only)
+
+
 class StagePlan(NamedTuple):
     """What a stage runs: its ``cells``; ``waiting``, {(task, row key): its sweep cells without a result} for each
     confirm row that ``only`` selects whose sweep has not chosen its rate (empty for the sweep stage); and
@@ -200,17 +321,20 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
                only: str | None = None, model: str | None = None, results: Path = RESULTS,
                **overrides) -> StagePlan:
     """The cells of ``grid``'s ``stage`` and the rows still waiting or bracketed, from one reading of the sweep's
-    results. The sweep is :func:`~prge_lib.experiments.cells.grid_cells`, less, in a two-stage grid, the cells of
-    rows whose best rate is bracketed already (:func:`best_rates`), which ``beyond`` names; the confirm stage is,
-    per (task, row) whose sweep has chosen its rate, the confirm seeds (or ``seeds``) at that rate; a row still
-    sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone` when no row that ``only`` selects is
-    ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects lies beyond a bracket."""
+    results. The sweep is :func:`sweep_cells` (the grid's cells, and the rates a stalled row's training loss adds),
+    less, in a two-stage grid, the cells of rows whose best rate is bracketed already (:func:`best_rates`), which
+    ``beyond`` names; the confirm stage is, per (task, row) whose sweep has chosen its rate, the confirm seeds (or
+    ``seeds``) at that rate; a row still sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone`
+    when no row that ``only`` selects is ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects
+    lies beyond a bracket."""
     check_stage(grid, stage)
     if stage == "sweep":
-        wanted = grid_cells(grid, profile, seeds, only, model, **overrides)
         if "confirm_seeds" not in GRIDS[grid]:
-            return StagePlan(wanted, {}, {})
-        choice = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results)
+            return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {}, {})
+        whole, runs, _ = read_sweep(grid, profile, model, results, **overrides)
+        wanted = select(whole, only) if seeds is None else \
+            sweep_cells(grid, profile, seeds, only, model, results, **overrides)
+        choice = best_rates(whole, runs=runs)
         skipped = {cell.name for _, cells in choice.beyond.values() for cell in cells}
         selected = {(cell.task, cell.row.key) for cell in wanted}
         beyond = {key: found for key, found in choice.beyond.items() if key in selected}
@@ -252,8 +376,8 @@ def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, mo
 def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tuple[list[Cell], dict, int]:
     """(the confirm cells that ``only`` selects of the rows whose sweep has chosen its rate, {(task, row key): the sweep
     cells without a result} of the selected rows still sweeping, the sweep's number of cells)."""
-    sweep = grid_cells(grid, profile, None, None, model, **overrides)
-    choice = best_rates(sweep, results)
+    sweep, runs, _ = read_sweep(grid, profile, model, results, **overrides)
+    choice = best_rates(sweep, runs=runs)
     rates, missing = choice.rates, choice.missing
     confirm = tuple(GRIDS[grid]["confirm_seeds"][profile]) if seeds is None else tuple(seeds)
     cells, waiting = [], {}
@@ -277,7 +401,7 @@ def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = 
     the sweep has run), for pricing and counting before the whole sweep is done: a row whose sweep has chosen
     its rate (from the results under ``results``) at that rate, so that its done cells count as done; any other
     row at its grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
-    rates = best_rates(grid_cells(grid, profile, None, None, model, **overrides), results).rates
+    rates = best_rates((), runs=read_sweep(grid, profile, model, results, **overrides).runs).rates
     confirm = GRIDS[grid]["confirm_seeds"][profile]
     return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
             for cell in row_cells(grid, profile, task, row,

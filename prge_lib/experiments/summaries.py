@@ -220,6 +220,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "lrs_planned": [] if zero_shot or spec is None else sorted(spec.lrs.get(profile, ())),
             "lrs_bracket": [] if zero_shot else _sweep_bracket(grid, profile, task, spec, by_lr),
+            "lrs_added": [] if zero_shot else _sweep_added(grid, profile, spec, by_lr),
             "added_seeds": [] if zero_shot else added_seeds(grid, profile, task, spec, [r["seed"] for r in runs]),
             "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
@@ -265,6 +266,15 @@ def _sweep_bracket(grid: str, profile: str, task: str, spec, by_lr: dict) -> lis
     found = trained_bracket({lr: _sweep_seeds(profile, task, spec, runs) for lr, runs in by_lr.items()
                              if lr is not None}, spec.lrs[profile])
     return [] if found is None else [found.lower, found.upper]
+
+
+def _sweep_added(grid: str, profile: str, spec, by_lr: dict) -> list[float]:
+    """The rates of a two-stage row's runs beyond its grid for ``profile``: those its sweep added where its training
+    loss turned from falling to rising (:func:`~prge_lib.experiments.stages.refined_cells`, the only cells of such a
+    grid off its rates); [] in a one-stage grid."""
+    if "confirm_seeds" not in GRIDS.get(grid, {}) or spec is None or profile not in spec.lrs:
+        return []
+    return sorted(lr for lr in by_lr if lr is not None and lr not in spec.lrs[profile])
 
 
 def _sweep_seeds(profile: str, task: str, spec, runs: list[dict]) -> list[dict]:
@@ -346,11 +356,16 @@ def lr_note(record: dict) -> str:
     tried (saying so where no run at any of them left zero-shot, and where the rate chosen lies at an edge of those
     tried, so that a better one may lie beyond it), "lr 1e-3 (one rate tried)" where one was; and the rates of
     the row's grid (``lrs_planned``) that have not run yet, or, in a sweep that stopped once its neighbours
-    bracketed its best rate (``lrs_bracket``), that it left out."""
+    bracketed its best rate (``lrs_bracket``), that it left out; and the rates a two-stage sweep added to a row that
+    never trained (``lrs_added``), where its training loss turned from falling to rising
+    (:func:`~prge_lib.experiments.stages.stability_rates`)."""
     if record["lr"] is None:
         return "no training"
     tried = record["lrs_tried"]
     waiting = [lr for lr in record.get("lrs_planned") or () if lr not in tried]
+    beyond = record.get("lrs_added") or ()
+    added = (f"{{{', '.join(map(lr_text, beyond))}}} added to its grid where its training loss turned from falling "
+             f"to rising") if beyond else ""
     later = f"{{{', '.join(map(lr_text, waiting))}}} of its grid still to run" if waiting else ""
     if waiting and record.get("lrs_bracket"):
         lower, upper = record["lrs_bracket"]
@@ -364,7 +379,7 @@ def lr_note(record: dict) -> str:
         chosen += ", where no rate trained: the choice is the noise of a validation score"
     elif record["lr"] in (tried[0], tried[-1]):
         notes.append("at an edge of the rates tried, so a better one may lie beyond it")
-    notes += [later] if later else []
+    notes += [text for text in (added, later) if text]
     return chosen + (f" ({'; '.join(notes)})" if notes else "")
 
 

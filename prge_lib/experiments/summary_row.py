@@ -21,6 +21,7 @@ class SummaryRow(TypedDict):
     lrs_tried: list[float]
     lrs_planned: list[float]    # the row's grid rates for its profile ([]: zero-shot, or a row no grid names)
     lrs_bracket: list[float]    # [lower, upper]: a two-stage row's sweep neighbours, both lower ([]: none)
+    lrs_added: list[float]      # rates a two-stage sweep added to a row that never trained (stages.refined_cells)
     added_seeds: list[int]      # seeds run beyond the grid's plan, after a first look (summaries.added_seeds)
     lrs_trained: list[float] | None   # the rates at which some run left zero-shot (None: a run without a start)
     train_min: float | None     # mean training minutes per run (None: zero-shot rows)
