@@ -47,8 +47,9 @@ def run_reproduce(args) -> int:
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
     rp.check_stage(args.grid, args.stage)
     try:
-        cells, waiting, beyond = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
-                                       results=roots["results"], **overrides)   # the sweep's results read once
+        cells, waiting, beyond, added = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only,
+                                                      args.model, results=roots["results"],
+                                                      **overrides)      # the sweep's results read once
     except rp.SweepNotDone as waiting:
         if not (args.list or args.dry_run):
             raise
@@ -63,10 +64,8 @@ def run_reproduce(args) -> int:
             print(line)
         for key, found in beyond.items():
             print(f"not needed: {rp.bracket_text(key, found)}")
-        if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
-            added = rp.read_sweep(args.grid, args.profile, args.model, roots["results"], **overrides).added
-            for key, found in added.items():
-                print(f"added: {rp.refinement_text(key, found)}")
+        for key, found in added.items():
+            print(f"added: {rp.refinement_text(key, found)}")
         if waiting:
             print(f"the whole confirm stage (a row still sweeping priced at a stand-in rate): "
                   f"{_confirm_totals(rp, args, pack, roots, overrides, step_note=False)}")

@@ -197,8 +197,8 @@ LOSS_WINDOW = 50       # steps averaged at each end of a run's training loss (st
 
 class Refinement(NamedTuple):
     """The rates a stalled row's sweep adds (:func:`stability_rates`): ``lrs``, the finer grid's rates between
-    ``fell``, the largest rate tried whose training loss fell, and ``rose``, the smallest tried above it, whose loss
-    rose."""
+    ``rose``, the smallest rate tried whose training loss rose, and ``fell``, the largest tried below it, whose loss
+    fell."""
     lrs: tuple
     fell: float
     rose: float
@@ -226,7 +226,7 @@ def stability_rates(row: Iterable[tuple[Cell, dict | None]], finer: Iterable[flo
     fell = {lr: statistics.fmean(statistics.fmean(r["losses"][-LOSS_WINDOW:]) for r in by_lr[lr]) < start
             for lr in tried}
     rose = [lr for lr in tried if not fell[lr]]
-    below = [lr for lr in tried if fell[lr] and rose and lr < rose[0]]
+    below = [lr for lr in tried if fell[lr] and lr < rose[0]] if rose else []
     if not below:
         return None
     between = tuple(lr for lr in sorted(finer) if below[-1] < lr < rose[0])
@@ -300,10 +300,18 @@ def sweep_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = N
     :func:`refined_cells` adds to its stalled rows from the results under ``results`` (:func:`read_sweep`)."""
     if "confirm_seeds" not in GRIDS[grid]:
         return grid_cells(grid, profile, seeds, only, model, **overrides)
-    cells = read_sweep(grid, profile, model, results, **overrides).cells
-    if seeds is not None:
-        cells = list({(c.task, c.row.key, c.lr, s): _variant(c, seed=s) for c in cells for s in seeds}.values())
-    return select(cells, only)
+    return _selected(read_sweep(grid, profile, model, results, **overrides), grid, profile, seeds, only, model,
+                     overrides)
+
+
+def _selected(sweep: Sweep, grid: str, profile: str, seeds, only, model, overrides) -> list[Cell]:
+    """The cells of the read ``sweep`` that ``only`` selects; with ``seeds``, the grid's cells at those seeds
+    (:func:`~prge_lib.experiments.cells.grid_cells`) and each added rate at each of them."""
+    if seeds is None:
+        return select(sweep.cells, only)
+    added = {(c.task, c.row.key, c.lr, s): _variant(c, seed=s)
+             for _, extra in sweep.added.values() for c, _ in extra for s in seeds}
+    return select(grid_cells(grid, profile, seeds, None, model, **overrides) + list(added.values()), only)
 
 
 class StagePlan(NamedTuple):
@@ -311,18 +319,20 @@ class StagePlan(NamedTuple):
     confirm row that ``only`` selects whose sweep has not chosen its rate (empty for the sweep stage); and
     ``beyond``, the sweep rows that ``only`` selects chosen before their whole grid ran
     (:attr:`SweepChoice.beyond`), whose cells left out the sweep stage no longer runs (empty for the confirm
-    stage)."""
+    stage); ``added``, the sweep rows that ``only`` selects which :func:`refined_cells` widened (:attr:`Sweep.added`;
+    empty for the confirm stage)."""
     cells: list[Cell]
     waiting: dict[tuple, list[Cell]]
     beyond: dict
+    added: dict
 
 
 def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Iterable[int] | None = None,
                only: str | None = None, model: str | None = None, results: Path = RESULTS,
                **overrides) -> StagePlan:
     """The cells of ``grid``'s ``stage`` and the rows still waiting or bracketed, from one reading of the sweep's
-    results. The sweep is :func:`sweep_cells` (the grid's cells, and the rates a stalled row's training loss adds),
-    less, in a two-stage grid, the cells of rows whose best rate is bracketed already (:func:`best_rates`), which
+    results. The sweep is :func:`sweep_cells` (the grid's cells, and the rates a stalled row's training loss adds,
+    whose rows ``added`` names), less, in a two-stage grid, the cells of rows whose best rate is bracketed already (:func:`best_rates`), which
     ``beyond`` names; the confirm stage is, per (task, row) whose sweep has chosen its rate, the confirm seeds (or
     ``seeds``) at that rate; a row still sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone`
     when no row that ``only`` selects is ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects
@@ -330,23 +340,23 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
     check_stage(grid, stage)
     if stage == "sweep":
         if "confirm_seeds" not in GRIDS[grid]:
-            return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {}, {})
-        whole, runs, _ = read_sweep(grid, profile, model, results, **overrides)
-        wanted = select(whole, only) if seeds is None else \
-            sweep_cells(grid, profile, seeds, only, model, results, **overrides)
-        choice = best_rates(whole, runs=runs)
+            return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {}, {}, {})
+        sweep = read_sweep(grid, profile, model, results, **overrides)
+        wanted = _selected(sweep, grid, profile, seeds, only, model, overrides)
+        choice = best_rates(sweep.cells, runs=sweep.runs)
         skipped = {cell.name for _, cells in choice.beyond.values() for cell in cells}
         selected = {(cell.task, cell.row.key) for cell in wanted}
         beyond = {key: found for key, found in choice.beyond.items() if key in selected}
+        added = {key: found for key, found in sweep.added.items() if key in selected}
         cells = [cell for cell in wanted if cell.name not in skipped]
         if wanted and not cells:
             raise SweepLeftOut(f"every sweep cell that --only {only!r} selects is no longer needed: "
                              + "; ".join(bracket_text(key, found) for key, found in beyond.items()))
-        return StagePlan(cells, {}, beyond)
+        return StagePlan(cells, {}, beyond, added)
     cells, waiting, total = _confirm_rows(grid, profile, seeds, only, model, results, overrides)
     if waiting and not cells:
         raise SweepNotDone(grid, profile, [c for row in waiting.values() for c in row], total)
-    return StagePlan(cells, waiting, {})
+    return StagePlan(cells, waiting, {}, {})
 
 
 def bracket_text(key: tuple, found: tuple) -> str:
