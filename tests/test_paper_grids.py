@@ -197,6 +197,12 @@ def test_the_sweep_runs_the_likeliest_rates_first_and_leaves_out_what_a_bracket_
     assert rp.best_rates(sweep, tmp_path).rates[("sst2", "senszoq-c4-s1e-3")] == 1e-5
     rte = rp.sweep_order(rp.grid_cells("senszoq", "paper", only="rte/senszoq-c4-s1e-3"), rp.sweep_runs(sweep, tmp_path))
     assert [c.lr for c in rte[:3]] == [1e-5, 3e-6, 3e-5]
+    # a row that stalled on SST-2 (its whole grid ran, none left zero-shot) chose noise: RTE starts at the middle
+    for cell in rp.grid_cells("senszoq", "paper", only=row):
+        _write(cell, tmp_path, 0.56, start=0.56)
+    rte = rp.sweep_order(rp.grid_cells("senszoq", "paper", only="rte/senszoq-c4-s1e-3"), rp.sweep_runs(sweep, tmp_path))
+    assert rp.best_rates(sweep, tmp_path).rates[("sst2", "senszoq-c4-s1e-3")] == 1e-6
+    assert [c.lr for c in rte[:3]] == [3e-5, 1e-5, 1e-4]
 
 
 def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, capsys):

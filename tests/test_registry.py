@@ -95,6 +95,13 @@ def test_a_name_is_registered_once():
         MethodSpec("x", "zo", lambda *a: None, {}, uses={"lr"})
 
 
+def test_only_a_method_whose_builder_takes_a_start_is_built_from_one():
+    """The trainer builds such a method on first use, so a resume builds it from its checkpoint's start (test_train
+    checks the resume); every other method is built, and its settings refused, when the trainer is made."""
+    assert [name for name in registry.names() if registry.get(name).builds_from_start] == ["senszoq"]
+    assert MethodSpec("x", "zo", lambda c, m, t=None, b=None, start=None: None, {}).builds_from_start
+
+
 def test_a_method_object_lacking_a_part_is_named():
     class NoTimes:
         model, optimizer, settings = None, None, {}

@@ -213,10 +213,12 @@ def _ranked_elsewhere(monkeypatch):
 @pytest.mark.parametrize("seeded", [True, False], ids=["seed checkpoint", "tensor checkpoint"])
 def test_a_senszoq_run_resumes_on_a_machine_that_ranks_another_mask(tiny_factory, tokenizer, sst2_small, tmp_path,
                                                                     monkeypatch, seeded):
-    """A SensZOQ checkpoint keeps the mask its run began with (``Method.start``). Resumed where the mask comes out
-    otherwise (another processor's Fisher), the trainer loads the model again and builds the run from the
-    checkpoint's mask: it continues the run that began elsewhere, step for step, instead of refusing it (a seed
-    checkpoint) or writing its values onto other weights (a tensor checkpoint)."""
+    """A SensZOQ checkpoint keeps the mask its run began with (``Method.start``). A resumed trainer builds its
+    method from that mask without ranking one of its own, so where the mask would come out otherwise (another
+    processor's Fisher) it continues the run that began elsewhere, step for step, instead of refusing it (a seed
+    checkpoint) or writing its values onto other weights (a tensor checkpoint). A trainer whose method was
+    already built from another mask loads the model again, or, given its model, says it cannot."""
+    from prge_lib.methods.senszoq import sparse
     from prge_lib.training import trainer as trainer_module
     from prge_lib.training.trainer import TrainConfig, Trainer
 
@@ -230,27 +232,46 @@ def test_a_senszoq_run_resumes_on_a_machine_that_ranks_another_mask(tiny_factory
     began_with = {layer.name: layer.indices.clone() for layer in broken.method.layers}
     back_home()
 
-    # given its model, a trainer cannot build the model again: it says so, before any step
-    with pytest.raises(CheckpointError, match="built from another start than this one"):
-        _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, **settings).run(resume=True)
+    def same_run(trainer, result):
+        assert {layer.name: layer.indices for layer in trainer.method.layers}.keys() == began_with.keys()
+        assert all(torch.equal(layer.indices, began_with[layer.name]) for layer in trainer.method.layers)
+        assert result["losses"] == whole_result["losses"] and result["evals"] == whole_result["evals"]
+        for name, tensor in whole.method.trainable().items():
+            assert torch.equal(tensor, trainer.method.trainable()[name]), name
+        assert result["method_settings"]["mask_from"] == "checkpoint"
+        assert result["sittings"][0].get("start") is None and result["sittings"][-1]["start"] == "checkpoint"
 
+    # resumed, the method is built from the checkpoint's mask: no mask is ranked, and the model given serves
+    step_4 = (tmp_path / "checkpoint.pt").read_bytes()
+    ranked, real_build = [], sparse.build_mask
+    monkeypatch.setattr(sparse, "build_mask", lambda *args, **kwargs: ranked.append(args) or real_build(*args,
+                                                                                                       **kwargs))
+    first = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, **settings)
+    same_run(first, first.run(resume=True))
+    assert ranked == []
+    monkeypatch.setattr(sparse, "build_mask", real_build)
+    (tmp_path / "checkpoint.pt").write_bytes(step_4)
+
+    # built before the resume (here, from this machine's mask), given its model, a trainer cannot build the model
+    # again: it says so, before any step
+    built = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path, **settings)
+    assert not torch.equal(built.method.layers[0].indices, began_with[built.method.layers[0].name])
+    with pytest.raises(CheckpointError, match="built from another start than this one"):
+        built.run(resume=True)
+
+    # a trainer that loads its model loads it again and builds the run from the checkpoint's mask
     monkeypatch.setattr(trainer_module, "load_model", lambda *args, **kwargs: (tiny_factory(), tokenizer))
     config = TrainConfig("sst2", steps=6, eval_every=3, checkpoint_every=2, **settings)
+    (tmp_path / "checkpoint.pt").write_bytes(step_4)
     resumed = Trainer(config, data=sst2_small, checkpoint_dir=tmp_path, progress=False)
     assert not torch.equal(resumed.method.layers[0].indices, began_with[resumed.method.layers[0].name])
-    result = resumed.run(resume=True)
-    assert {layer.name: layer.indices for layer in resumed.method.layers}.keys() == began_with.keys()
-    assert all(torch.equal(layer.indices, began_with[layer.name]) for layer in resumed.method.layers)
-    assert result["losses"] == whole_result["losses"] and result["evals"] == whole_result["evals"]
-    for name, tensor in whole.method.trainable().items():
-        assert torch.equal(tensor, resumed.method.trainable()[name]), name
-    assert result["method_settings"]["mask_from"] == "checkpoint"
-    assert result["sittings"][0].get("start") is None and result["sittings"][-1]["start"] == "checkpoint"
+    same_run(resumed, resumed.run(resume=True))
 
-    # where this machine ranks the same mask, the run is not built twice
+    # where this machine ranks the same mask, a method built before the resume is not built twice
     same = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)
     crash_during_step(same, 5)
     again = _trainer(tiny_factory, tokenizer, sst2_small, tmp_path / "here", **settings)
+    assert again.method is not None
     assert "mask_from" not in again.run(resume=True)["method_settings"]
 
 

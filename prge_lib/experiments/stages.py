@@ -112,10 +112,12 @@ def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict |
     """``cells`` of a two-stage sweep in the order that brackets each row's best rate soonest: row by row (in
     their first appearance), each row's rates nearest its likeliest best first, the smaller of two as near: the
     best-scored rate of its results so far (``runs``, :func:`sweep_runs` of the whole sweep), else the rate the
-    same row chose on another task, else its grid's middle rate. The runner then leaves out the cells that a
-    bracket makes unneeded as the results come in (:func:`sweep_skip`)."""
+    same row chose on another task where it trained there (a row that stalled, :func:`stalled_rows`, chose its
+    validation noise), else its grid's middle rate. The runner then leaves out the cells that a bracket makes
+    unneeded as the results come in (:func:`sweep_skip`)."""
     cells = list(cells)
-    chosen = best_rates((), runs=runs).rates
+    stalled = stalled_rows((), runs=runs)
+    chosen = {key: lr for key, lr in best_rates((), runs=runs).rates.items() if key not in stalled}
     rows = list(dict.fromkeys((c.task, c.row.key) for c in cells))
     grids = {(c.task, c.row.key): sorted(c.row.lrs[c.profile]) for c in cells}
     centres = {}

@@ -9,6 +9,7 @@ training batches, for methods that rank weights on them), and returns a :class:`
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -60,6 +61,12 @@ class MethodSpec:
         object.__setattr__(self, "uses", frozenset(self.uses))
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
         object.__setattr__(self, "adapter_defaults", MappingProxyType(dict(self.adapter_defaults)))
+
+    @property
+    def builds_from_start(self) -> bool:
+        """Whether ``build`` takes a ``start``: a checkpoint's :attr:`~prge_lib.methods.base.Method.start`, which a
+        resumed run is built from (SensZOQ's mask)."""
+        return "start" in inspect.signature(self.build).parameters
 
     def load_quant(self, quant: str) -> str:
         """The quantization the model loads with for a run whose config says ``quant``: none for a method

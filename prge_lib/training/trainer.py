@@ -173,14 +173,18 @@ class Trainer:
         self.tokenizer = tokenizer
         self.items = [encode_example(self.task, tokenizer, ex, c.max_length) for ex in self.data.train]
         self.method_builder = method_builder
-        self.set_method(self.build(model))
+        # a method built from a start (SensZOQ's mask) is built on first use (Trainer.method), so that a resume
+        # builds it from its checkpoint's start, never ranking a mask only to set it aside; any other now
+        self._method, self._unbuilt = None, model
+        if method_builder is not None or not registry.get(c.method).builds_from_start:
+            self.set_method(self.build(model))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.seed_checkpoints = os.environ.get("PRGE_SEED_CHECKPOINTS", "") == "1" if seed_checkpoints is None \
             else bool(seed_checkpoints)
         self.progress = progress
         self.history = {"losses": [], "step_s": [], "evals": [], "projected_grad": []}
         self.step = 0
-        self.started_from_checkpoint = False    # rebuilt from a checkpoint's start (Trainer.adopt_start)
+        self.started_from_checkpoint = False    # built from a checkpoint's start (Trainer.take_start)
         self.elapsed = {"train_s": 0.0, "eval_s": 0.0}
 
     # ----- the model and the method
@@ -196,15 +200,39 @@ class Trainer:
             return self.method_builder(self.config, model)
         return build_method(self.config, model, self.tokenizer, self.task_batches, start)
 
+    @property
+    def method(self):
+        """The run's method object, built (:meth:`build`) on first use."""
+        if self._method is None:
+            self.set_method(self.build(self._unbuilt))
+        return self._method
+
+    @property
+    def model(self):
+        return self.method.model
+
+    @property
+    def device(self) -> torch.device:
+        """Where the run's model is (read without building the method: a checkpoint is checked before it)."""
+        return next((self._unbuilt if self._method is None else self._method.model).parameters()).device
+
     def set_method(self, method) -> None:
-        self.method = check_method(method, self.config.method)
-        self.model = self.method.model
-        self.device = next(self.model.parameters()).device
+        self._method, self._unbuilt = check_method(method, self.config.method), None
+
+    def take_start(self, saved: dict, path: Path) -> bool:
+        """Build the method from a checkpoint's start (``saved``: its tensors and the settings they were built
+        with): at once where it is not built yet, else through :meth:`adopt_start`. Returns whether the method now
+        comes from that start."""
+        if self._method is not None or self.method_builder is not None:
+            return self.adopt_start(saved, path)
+        self.set_method(self.build(self._unbuilt, start=saved["tensors"]))
+        self.method.settings = {**saved["settings"], **self.method.settings}
+        return True
 
     def adopt_start(self, saved: dict, path: Path) -> bool:
-        """Build the run again from a checkpoint's start (``saved``: its tensors and the settings they were built
-        with) where the method built here started elsewhere: a SensZOQ mask that this processor ranks with a few
-        other entries. Returns whether it did; a Trainer given its model cannot, and says so."""
+        """Build the run again from a checkpoint's start (``saved``, as in :meth:`take_start`) where the method
+        already built here started elsewhere: a SensZOQ mask that this processor ranks with a few other entries.
+        Returns whether it did; a Trainer given its model cannot, and says so."""
         if adapter_digest(self.method.start) == adapter_digest(saved["tensors"]):     # the same start, bit for bit
             return False
         if not self.loads_model or self.method_builder is not None:
@@ -213,7 +241,7 @@ class Trainer:
                                         f"Trainer given its model or method_builder cannot build the model again: "
                                         f"resume with a Trainer that loads its model (model=None), as prge train "
                                         f"and prge reproduce do")
-        self.method = self.model = None     # the model built here goes before another loads
+        self._method = None     # the model built here goes before another loads
         model, _ = self.load_model()
         self.set_method(self.build(model, start=saved["tensors"]))
         self.method.settings = {**saved["settings"], **self.method.settings}
@@ -322,8 +350,8 @@ class Trainer:
                              f"{self.config.steps} steps: give at least --steps {payload['step']}, or move the "
                              f"folder away to start the run again")
         sittings = payload["history"].get("sittings") or [{}]
-        self.started_from_checkpoint = "start" in payload["method"] and self.adopt_start(payload["method"]["start"],
-                                                                                          path)
+        self.started_from_checkpoint = "start" in payload["method"] and self.take_start(payload["method"]["start"],
+                                                                                         path)
         restore_method_state(self.method, payload["method"], payload["history"].get("projected_grad", []),
                              payload["step"], path, self.config.method, sittings[-1].get("processor"))
         self.history, self.elapsed, self.step = payload["history"], payload["elapsed"], payload["step"]
@@ -346,7 +374,7 @@ class Trainer:
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
         # and on which processor each sitting ran: one resumed on another machine rounds otherwise from there on
-        # (and, where this machine would have built another start, that it took the checkpoint's)
+        # (and, where the method was built from the checkpoint's start, that it was)
         self.history.setdefault("sittings", []).append(
             {"step": self.step, "processor": processor(self.device),
              **({"start": "checkpoint"} if self.started_from_checkpoint else {})})
