@@ -422,9 +422,13 @@ def test_a_row_whose_sweep_never_left_zero_shot_is_named_not_confirmed_silently(
     run(largest[0], 0.53, 0.55)
     run(largest[1], 0.53, 0.60)             # 7 points up: this row trained
     rows = rp.untrained_rows(sweep, tmp_path)
-    assert rows == ["rte/senszoq-random-s1e-3: no run at 1e-4, 3e-4, 1e-3 left zero-shot: its best validation "
-                    "score so far is noise, so its confirm seeds test whether the row trains at all, "
-                    "not its rate"]
+    assert rows == ["rte/senszoq-random-s1e-3: no run so far, at 1e-4, 3e-4, 1e-3, left zero-shot (4 of its sweep "
+                    "cells still to run)"]
+    for cell in random_cells[3:]:           # the whole sweep ran, still at zero-shot: its confirm seeds test that
+        run(cell, 0.53, 0.54)
+    assert rp.untrained_rows(sweep, tmp_path) == [
+        "rte/senszoq-random-s1e-3: no run at 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1 left zero-shot: its best "
+        "validation score is noise, so its confirm seeds test whether the row trains at all, not its rate"]
     _write(random_cells[3], tmp_path, 0.9)  # no step-0 evaluation: whether it moved is unknown
     assert rp.untrained_rows(sweep, tmp_path) == []
 

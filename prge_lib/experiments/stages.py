@@ -176,10 +176,18 @@ def untrained_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     (:func:`~prge_lib.experiments.summaries.left_zero_shot`): their "best" rate is the largest validation score's
     noise, so seeds confirming it there test only whether the row trains at all (chapter 8's verdicts read them so
     for a blind mask, whose not training is Guo et al.'s claim); said by ``--list``, with the rates tried so far.
+    A row whose sweep has cells still to run says how many instead: its confirm stage waits for them.
     ``runs`` (:func:`sweep_runs`) where the caller has read them already."""
-    return [f"{task}/{key}: no run at {', '.join(map(lr_text, rates))} left zero-shot: its best validation score so "
-            "far is noise, so its confirm seeds test whether the row trains at all, not its rate"
-            for (task, key), rates in stalled_rows(sweep, results, runs).items()]
+    runs = sweep_runs(sweep, results) if runs is None else runs
+    lines = []
+    for (task, key), rates in stalled_rows(sweep, results, runs).items():
+        left = sum(record is None for _, record in runs[task, key])
+        tried = ", ".join(map(lr_text, rates))
+        lines.append(f"{task}/{key}: no run so far, at {tried}, left zero-shot ({left} of its sweep cells still to "
+                     "run)" if left else
+                     f"{task}/{key}: no run at {tried} left zero-shot: its best validation score is noise, so its "
+                     "confirm seeds test whether the row trains at all, not its rate")
+    return lines
 
 
 def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
