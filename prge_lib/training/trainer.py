@@ -225,9 +225,13 @@ class Trainer:
         comes from that start."""
         if self._method is not None or self.method_builder is not None:
             return self.adopt_start(saved, path)
-        self.set_method(self.build(self._unbuilt, start=saved["tensors"]))
-        self.method.settings = {**saved["settings"], **self.method.settings}
+        self.build_from(saved, self._unbuilt)
         return True
+
+    def build_from(self, saved: dict, model) -> None:
+        """The method on ``model`` from a checkpoint's start (``saved``), with the settings that start was built with."""
+        self.set_method(self.build(model, start=saved["tensors"]))
+        self.method.settings = {**saved["settings"], **self.method.settings}
 
     def adopt_start(self, saved: dict, path: Path) -> bool:
         """Build the run again from a checkpoint's start (``saved``, as in :meth:`take_start`) where the method
@@ -242,9 +246,7 @@ class Trainer:
                                         f"resume with a Trainer that loads its model (model=None), as prge train "
                                         f"and prge reproduce do")
         self._method = None     # the model built here goes before another loads
-        model, _ = self.load_model()
-        self.set_method(self.build(model, start=saved["tensors"]))
-        self.method.settings = {**saved["settings"], **self.method.settings}
+        self.build_from(saved, self.load_model()[0])
         return True
 
     # ----- data order: a pure function of (seed, step)
