@@ -7,6 +7,8 @@ import pytest
 
 from prge_lib.cli.common import EXIT_CELLS_LEFT
 from prge_lib.cli.main import main
+from prge_lib.data.tasks import TABLE2_TASKS
+from prge_lib.experiments import paper
 from prge_lib.experiments import reproduce as rp
 
 
@@ -53,6 +55,16 @@ def test_table1_paper_seeds_are_per_task_and_the_grids_are_the_issues():
     lora, = rp.grid_cells("senszoq", "paper", only="rte/mezo-lora-r8-nf4_lr1e-4")
     assert {k: lora.config()[k] for k in ("adapter", "r", "alpha", "quant", "eps")} == \
         {"adapter": "lora", "r": 8, "alpha": 16, "quant": "nf4", "eps": 1e-3}
+
+
+def test_every_table2_lite_cell_has_the_papers_figure_beside_it():
+    cells = rp.grid_cells("table2-lite", "cpu")
+    assert {c.task for c in cells} == set(rp.GRIDS["table2-lite"]["tasks"]) and len(cells) == 7 * 4
+    assert all(c.task in paper.TABLE2[c.row.key] for c in cells)
+    # the rows as Gao et al. print them (arXiv Table 2): P-RGE q 16 ties FO LoRA-FA on COPA, SQuAD is F1
+    assert paper.TABLE2["prge-q16-E16"]["copa"] == paper.TABLE2["fo-lorafa"]["copa"] == 87.0
+    assert paper.TABLE2["zeroshot"]["squad"] == 23.8 and paper.ZERO_SHOT["Llama2-7B (Gao et al. Table 2)"]["wic"] == 50.0
+    assert all(list(values) == list(TABLE2_TASKS) for values in paper.TABLE2.values())
 
 
 def _write(cell, root, val, test=0.6, device=None, start=None):
