@@ -63,7 +63,8 @@ def test_every_table2_lite_cell_has_the_papers_figure_beside_it():
     assert all(c.task in paper.TABLE2[c.row.key] for c in cells)
     # the rows as Gao et al. print them (arXiv Table 2): P-RGE q 16 ties FO LoRA-FA on COPA, SQuAD is F1
     assert paper.TABLE2["prge-q16-E16"]["copa"] == paper.TABLE2["fo-lorafa"]["copa"] == 87.0
-    assert paper.TABLE2["zeroshot"]["squad"] == 23.8 and paper.ZERO_SHOT["Llama2-7B (Gao et al. Table 2)"]["wic"] == 50.0
+    assert paper.TABLE2["zeroshot"]["squad"] == 23.8
+    assert paper.ZERO_SHOT["Llama2-7B (Gao et al. Table 2)"]["wic"] == 50.0
     assert all(list(values) == list(TABLE2_TASKS) for values in paper.TABLE2.values())
 
 
