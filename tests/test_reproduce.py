@@ -383,6 +383,10 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
     text = md_path.read_text()
     assert "| MeZO (Full) | did not train (1) |" in text and "| P-RGE (q = 4) | 0.62 (paper 0.87) |" in text
     assert "- MeZO (Full): lr 1e-6 (one rate tried)" in text
+    # every run here was at its best at its last evaluation (step 2): the budget may have stopped it
+    assert (records["prge-q4-E16"]["best_at_end"], records["zeroshot"]["best_at_end"]) == (2, None)
+    assert ("more steps might have raised it: FO-Adam (LoRA-FA) on sst2 (1 of 1 seed); MeZO (Full) on sst2 (1 of 1 "
+            "seed); P-RGE (q = 4) on sst2 (2 of 2 seeds).") in text
     # where FO LoRA-FA itself never left zero-shot there is no gain to share: no ratio, no share table
     (folder / "fo-lorafa_lr3e-4_seed0.json").write_text(json.dumps(result("fo-lorafa", "fo-lorafa", 3e-4, 0, 0.5,
                                                                           0.51, 0.40)))
@@ -402,6 +406,16 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
                                                "trained: the choice is the noise of a validation score")
     assert rp.lr_note(records["prge-q4-E16"]) == ("lr 1e-3 chosen on validation from {1e-4, 1e-3}"
                                                   " (at an edge of the rates tried, so a better one may lie beyond it)")
+
+
+def test_best_at_end_asks_whether_the_last_evaluation_holds_the_best_score():
+    run = lambda vals: {"evals": [{"step": 100 * k, "val": v} for k, v in enumerate(vals)],  # noqa: E731
+                        "best_val": {"step": 100 * vals.index(max(vals)), "val": max(vals)}}
+    assert rp.best_at_end(run([0.5, 0.6, 0.7])) is True
+    assert rp.best_at_end(run([0.5, 0.7, 0.7])) is True          # a tie with an earlier step still counts
+    assert rp.best_at_end(run([0.5, 0.7, 0.6])) is False
+    assert rp.best_at_end(run([0.8, 0.6, 0.7])) is False         # best at step 0: it fell and never came back
+    assert rp.best_at_end(run([0.5])) is None                    # no evaluation after step 0
 
 
 def test_the_lr_note_says_an_edge_and_the_rates_still_to_run():

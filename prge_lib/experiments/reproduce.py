@@ -48,10 +48,10 @@ from prge_lib.experiments.stages import (LOSS_WINDOW, Refinement, StagePlan, Swe
                                          sweep_edges, sweep_order, sweep_runs, sweep_skip, untrained_rows)
 from prge_lib.experiments.status import cell_status, list_cells, price_cells
 from prge_lib.experiments.stats import compare_rows, compare_scores, describe, seeds_needed, seeds_words
-from prge_lib.experiments.summaries import (PAUSE_FACTOR, device_of, format_score, left_zero_shot, load_results,
-                                            lr_note, majority_rate, memory_beyond, paper_memory_beyond, processors_of,
-                                            runs_of, runtime_answers, summarize, summary_markdown, table_of,
-                                            training_seconds, write_summary)
+from prge_lib.experiments.summaries import (PAUSE_FACTOR, best_at_end, device_of, format_score, left_zero_shot,
+                                            load_results, lr_note, majority_rate, memory_beyond, paper_memory_beyond,
+                                            processors_of, runs_of, runtime_answers, summarize, summary_markdown,
+                                            table_of, training_seconds, write_summary)
 
 __all__ = [
     "RESULTS",
@@ -75,7 +75,8 @@ __all__ = [
     "BACKENDS", "EMBEDDED_MODEL", "adopt_twin", "connect_ray", "run_cell", "run_grid", "run_pack",
     "cell_status", "list_cells", "price_cells",
     "compare_rows", "compare_scores", "describe", "seeds_needed", "seeds_words",
-    "PAUSE_FACTOR", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note", "majority_rate",
+    "PAUSE_FACTOR", "best_at_end", "device_of", "format_score", "left_zero_shot", "load_results", "lr_note",
+    "majority_rate",
     "memory_beyond", "paper_memory_beyond", "processors_of", "runs_of", "runtime_answers", "summarize",
     "summary_markdown", "table_of", "training_seconds", "write_summary",
 ]

@@ -128,6 +128,16 @@ def left_zero_shot(result: dict) -> bool | None:
     return result["best_val"]["val"] - start > math.sqrt(start * (1 - start) / n_val)
 
 
+def best_at_end(result: dict) -> bool | None:
+    """Whether a run's validation score was at its best at its last evaluation: the step budget ended while the
+    score was at its highest, so more steps might have raised it further (the cpu profile stops at 1000 steps,
+    Gao et al. train 20,000). None for a run with no evaluation after step 0."""
+    later = [e for e in result.get("evals") or () if e["step"] > 0]
+    if not later:
+        return None
+    return max(later, key=lambda e: e["step"])["val"] >= result["best_val"]["val"]
+
+
 @functools.cache
 def majority_rate(task: str, seed: int, n_train: int, n_val: int, n_test: int) -> float | None:
     """Share of the commonest answer in the test examples the MeZO protocol draws for ``seed`` (the accuracy of
@@ -180,6 +190,8 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
     "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). ``trained`` is
     False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows),
     ``lrs_trained`` the rates tried at which some run did (None where a run recorded no start),
+    ``best_at_end`` how many seeds' runs were at their best validation score at their last evaluation
+    (:func:`best_at_end`; None for zero-shot rows),
     ``majority`` the test split's commonest-answer rate in % (:func:`majority_rate`), ``fo_gain_share`` and
     ``paper_fo_gain_share`` as :func:`_add_gain_shares` sets them. Runs of one (task, row) that were set to
     different step counts are an error: their scores do not average."""
@@ -228,6 +240,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "gpu_noise": "+".join(sorted({(r.get("config") or {}).get("noise") or "torch" for r in runs
                                           if device_of(r) == "cuda"})) or None,
             "trained": None if zero_shot or None in moved else any(moved),
+            "best_at_end": None if zero_shot else sum(bool(best_at_end(r)) for r in runs),
             "majority": _majority(runs),
             "processors": "+".join(sorted({name for r in runs for name in processors_of(r)})),
         })
@@ -434,6 +447,13 @@ def summary_markdown(records: list[dict]) -> str:
                      "count the looks): " + "; ".join(
                          f"{r['label']} on {r['task']}: seed{'s' if len(r['added_seeds']) > 1 else ''} "
                          f"{', '.join(map(str, r['added_seeds']))}" for r in added) + ".")
+    at_end = [r for r in records if r.get("best_at_end")]
+    if at_end:
+        lines.append("")
+        lines.append("Best validation score at the last evaluation, where the step budget ended while the score was "
+                     "at its highest and more steps might have raised it: " + "; ".join(
+                         f"{r['label']} on {r['task']} ({r['best_at_end']} of {r['n']} seed{'s' if r['n'] > 1 else ''})"
+                         for r in at_end) + ".")
     shares = [r for r in records if r.get("fo_gain_share") is not None]
     if shares:
         lines.append("")
