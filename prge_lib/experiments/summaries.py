@@ -415,6 +415,12 @@ def _share_text(record: dict | None) -> str:
     return f"{ours} (paper {record['paper_fo_gain_share']:.2f})"
 
 
+def _add_paragraph(lines: list[str], lead: str, parts: list[str]) -> None:
+    """A blank line, then ``lead`` and ``parts`` joined by semicolons; nothing where ``parts`` is empty."""
+    if parts:
+        lines += ["", lead + "; ".join(parts) + "."]
+
+
 def summary_markdown(records: list[dict]) -> str:
     tasks = list(dict.fromkeys(r["task"] for r in records))
     rows = list(dict.fromkeys((r["row"], r["label"]) for r in records))
@@ -440,20 +446,14 @@ def summary_markdown(records: list[dict]) -> str:
     lines.append("")
     for key, label in rows:
         lines.append(f"- {label}: " + _joined_by_task([r for r in records if r["row"] == key], lr_note))
-    added = [r for r in records if r.get("added_seeds")]
-    if added:
-        lines.append("")
-        lines.append("Seeds beyond the grid's plan, run after a first look at a comparison (the chapters' tests "
-                     "count the looks): " + "; ".join(
-                         f"{r['label']} on {r['task']}: seed{'s' if len(r['added_seeds']) > 1 else ''} "
-                         f"{', '.join(map(str, r['added_seeds']))}" for r in added) + ".")
-    at_end = [r for r in records if r.get("best_at_end")]
-    if at_end:
-        lines.append("")
-        lines.append("Best validation score at the last evaluation, where the step budget ended while the score was "
-                     "at its highest and more steps might have raised it: " + "; ".join(
-                         f"{r['label']} on {r['task']} ({r['best_at_end']} of {r['n']} seed{'s' if r['n'] > 1 else ''})"
-                         for r in at_end) + ".")
+    _add_paragraph(lines, "Seeds beyond the grid's plan, run after a first look at a comparison (the chapters' tests "
+                   "count the looks): ", [f"{r['label']} on {r['task']}: seed{'s' * (len(r['added_seeds']) > 1)} "
+                                          f"{', '.join(map(str, r['added_seeds']))}"
+                                          for r in records if r.get("added_seeds")])
+    _add_paragraph(lines, "Best validation score at the last evaluation, where the step budget ended while the score "
+                   "was at its highest and more steps might have raised it: ",
+                   [f"{r['label']} on {r['task']} ({r['best_at_end']} of {r['n']} seed{'s' * (r['n'] > 1)})"
+                    for r in records if r.get("best_at_end")])
     shares = [r for r in records if r.get("fo_gain_share") is not None]
     if shares:
         lines.append("")
