@@ -252,6 +252,11 @@ def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes
     soon = time.time() + 60
     assert runner._fits_before(cells[0], soon) and not runner._fits_before(zero_shot, soon)
     assert runner._fits_before(zero_shot, soon + rp.estimate_seconds(zero_shot, 0) + 60)
+    # a benchmark cell priced from this CPU waits for its estimate; on a GPU, where that price says nothing, it starts
+    bench_cpu = rp.grid_cells("runtime", "cpu", only="bench-none-L64")[0]
+    bench_gpu = rp.grid_cells("runtime", "cpu", only="bench-none-L64", device="cuda", dtype="fp16")[0]
+    assert bench_gpu.config()["device"] == "cuda" and rp.estimate_seconds(bench_cpu, 0) > 60
+    assert not runner._fits_before(bench_cpu, soon) and runner._fits_before(bench_gpu, soon)
 
     # a checkpoint made on another device is refused, naming both
     payload = torch.load(stop.value.checkpoint, weights_only=False)

@@ -331,10 +331,12 @@ _KEPT = "its checkpoint is left as it is and the grid goes on with the next cell
 def _fits_before(cell: Cell, deadline: float | None) -> bool:
     """Whether ``cell`` may start: a training or WikiText-2 curves cell until the deadline (it stops at a checkpoint
     when the deadline comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends
-    before it."""
+    before it. A benchmark cell on a GPU also starts until the deadline: its only price is this CPU's timing
+    (estimates.BENCH_STEP_SECONDS), minutes where the GPU takes seconds, so no GPU sitting would ever start one."""
     if deadline is None:
         return True
-    needs = 0.0 if cell.kind in ("train", "lm") else estimate_seconds(cell, cell.steps())
+    unpriced = cell.kind == "bench" and str(cell.config().get("device", "cpu")) != "cpu"
+    needs = 0.0 if cell.kind in ("train", "lm") or unpriced else estimate_seconds(cell, cell.steps())
     return time.time() + needs < deadline
 
 
