@@ -12,6 +12,7 @@ import time
 import pytest
 
 from prge_lib.cli.main import main
+from prge_lib.common.provenance import as_float32
 from prge_lib.experiments import reproduce as rp
 from prge_lib.experiments import runner
 from prge_lib.training.trainer import TrainConfig, Trainer
@@ -49,7 +50,7 @@ def grid(fixture_data, tiny_folder, tiny_factory, tokenizer, tmp_path_factory):
             one = Trainer(TrainConfig(**cell.config()), tiny_factory(), tokenizer, progress=False)
             start = max_logit(one)
             result = one.run()
-            assert result["losses"] == _read(cell, solo)["losses"]          # what --pack 1 wrote
+            assert result["losses"] == as_float32(_read(cell, solo)["losses"])     # what --pack 1 wrote
             limits[cell.name] = bounds(one, max(start, max_logit(one)), result["losses"])
         yield {"cells": cells, "solo": solo, "packed": packed, "said": said, "bounds": limits}
 

@@ -193,6 +193,12 @@ def result_json(value, level: int = 0) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value, default=str)
 
 
+def as_float32(values: list) -> list:
+    """A result file's list of float32 values (:func:`_list_number`) as the run held them: each float cast to
+    float32 and widened back, so that it equals the run's own value exactly; other items as they are."""
+    return [float(numpy.float32(v)) if type(v) is float else v for v in values]
+
+
 def _list_number(item) -> str:
     """One value of a list of plain values as :func:`result_json` writes it. A float that is a float32 widened
     (a step's loss or projected gradients, computed in float32) is written with the fewest digits that give that

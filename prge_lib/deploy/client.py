@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from prge_lib.common.provenance import as_float32
 from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import check_program, export_program, read_program_meta
 from prge_lib.deploy.program import flat_adapter, load_flat_adapter
@@ -229,7 +230,8 @@ class ProgramReplayer:
                              f"{self.settings['q']}; this run's has {adapter.numel()} with q {method.q}")
         for t, g in checked_steps(steps, method.q):
             seeds = torch.tensor(step_seeds(method.seed, t, method.q), dtype=torch.int64)
-            alphas = torch.tensor([-lr * gi / method.q for gi in g], dtype=torch.float32)   # as the eager alpha
+            alphas = torch.tensor([-lr * gi / method.q for gi in as_float32([float(v) for v in g])],
+                                  dtype=torch.float32)                     # as the eager alpha (replay_layers)
             adapter = self.program(adapter, seeds, alphas)[0]
         load_flat_adapter(method.layers, adapter)
         return method
