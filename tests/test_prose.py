@@ -163,6 +163,11 @@ def test_glue_binds_the_name_in_the_kernel_and_refuses_to_rebind_the_chapters_ow
                           ("two words", "reads it as a Python name"), ("lambda", "reads it as a Python name")]:
             with pytest.raises(ValueError, match=why):
                 shell.run_cell(f"glue({name!r}, 3, display=False)").raise_error()
+        # text for the prose: markdown in it would show as it stands, since {eval} inserts plain text
+        for text in ("at $q = 4$", "run `prge bench`", "see [chapter 6](06_inner_loop.md)"):
+            with pytest.raises(ValueError, match="writes as it stands"):
+                shell.run_cell(f"glue('said', {text!r}, display=False)").raise_error()
+        shell.run_cell("glue('said', 'at q = 4, 1.86×', display=False)").raise_error()
         assert shell.user_ns["steps"] == 1000
     finally:
         InteractiveShell.clear_instance()

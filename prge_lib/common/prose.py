@@ -102,6 +102,10 @@ def glue(name: str, variable: Any, display: bool = True) -> None:
         raise ValueError(f"glue name {name!r}: {{eval}} reads it as a Python name; use letters, digits and _")
     if hasattr(builtins, name):
         raise ValueError(f"glue name {name!r} would hide the builtin {name}; glue under another name")
+    markup = [mark for mark in ("$", "`", "](") if isinstance(variable, str) and mark in variable]
+    if markup:
+        raise ValueError(f"glue {name!r}: the text holds {markup[0]!r}, markdown that the prose's {{eval}} role "
+                         f"writes as it stands (it inserts plain text); write it without: {variable[:80]!r}")
     shell = get_ipython()
     if shell is not None:
         namespace = shell.user_ns
