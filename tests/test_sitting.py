@@ -99,11 +99,12 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     lines = sitting.plan_lines(stages, tmp_path, time_limit=22.5)
     assert lines[0].startswith("1. gpu-check") and "about 1.5 min; runs" in lines[0]
     assert lines[2].startswith("2. engine-bench-sst2") and "about 2.5 min; runs" in lines[2]
-    assert any("4. table13-fp16" in line and "about 4 min; runs" in line for line in lines)
-    # 1.5 + 2.5 + 4.5 + 4 = 12.5 of 22.5 minutes: the grid (resumable) gets the 10 left
-    assert any("5. grids-fp16" in line and "runs for up to 10 min, then resumes next time" in line for line in lines)
+    assert any("4. table13-fp16" in line and "about 3 min; runs" in line for line in lines)
+    # 1.5 + 2.5 + 4.5 + 3 = 11.5 of 22.5 minutes: the grid (resumable, about 5 min) runs, and with 6 left the
+    # 8 minutes of engine-groups do not fit
+    assert any("5. grids-fp16" in line and "about 5 min; runs" in line for line in lines)
     assert any("6. engine-groups" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 940 min in all; time limit 22.5 min"
+    assert lines[-1] == "still to run: about 932 min in all; time limit 22.5 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
