@@ -32,8 +32,7 @@ def git_commit(root: Path | None = None) -> str | None:
     Result files are outputs, not code: a result written earlier in the same session (``tools/bench_engine``
     writes two in a row) does not make the next one's code dirty. A copy of a checkout sent to another machine
     (a GPU machine, say) names its commit in ``PRGE_SOURCE_COMMIT``, which wins where it is set: such a copy may
-    come without a git folder, or with one at another commit (the third GPU sitting's reported its base commit,
-    69ea4e2+dirty, under the working tree of 749f881)."""
+    come without a git folder, or with one at another commit than the code it holds."""
     if os.environ.get("PRGE_SOURCE_COMMIT"):
         return os.environ["PRGE_SOURCE_COMMIT"]
     root = root or REPO or PACKAGE
