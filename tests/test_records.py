@@ -193,3 +193,26 @@ def test_summary_rows_are_the_declared_type():
             jsonschema.validate(row, schema)
         with open(RESULTS / grid / "summary.csv") as f:
             assert next(csv.reader(f)) == fields
+
+
+def test_a_result_file_writes_float32_values_short_and_gives_them_back():
+    """A list of float32 values (a run's losses and g) is written with at most 9 significant digits; read back and
+    cast (provenance.as_float32) each is the run's value exactly. A double that is no float32 keeps all its
+    digits, and what is not a finite float is written as JSON writes it."""
+    import math
+
+    import torch
+
+    from prge_lib.common.provenance import as_float32, result_json
+
+    computed = torch.randn(2000, generator=torch.Generator().manual_seed(0)).mul(30).tolist()   # float32, widened
+    text = result_json({"losses": computed})
+    back = json.loads(text)["losses"]
+    assert back != computed and as_float32(back) == computed       # shorter numbers, the same float32 values
+    assert max(len(repr(v).lstrip("-").replace(".", "").lstrip("0").split("e")[0]) for v in back) <= 9
+    assert len(text) < 0.7 * len(json.dumps(computed))
+    doubles = [0.1, 1 / 3, 2.5e-300]                               # not float32 values: every digit kept
+    assert json.loads(result_json({"x": doubles}))["x"] == doubles
+    mixed = [1, True, None, "a", float("inf"), 0.5]
+    again = json.loads(result_json({"x": mixed}))["x"]
+    assert again[:4] == mixed[:4] and math.isinf(again[4]) and again[5] == 0.5 and type(again[0]) is int
