@@ -32,3 +32,21 @@ def test_readme_quotes_the_sittings_files():
     # every stage of the second sitting ran on the same machine, and its log joins its three commands
     entries = json.loads((second / "sitting.json").read_text())
     assert len(entries) == 3 and {e["device"] for e in entries} == {"NVIDIA H200"}
+    # the third sitting's minutes, which README's stage table quotes beside its estimates
+    third = minutes_of(SITTINGS / "3")
+    assert f"| 3 min ({third['table13-fp16']:g} on an H200) |" in text
+    assert f"| 5 min in fp16 alone ({third['grids-fp16']:g} on an H200)," in text
+
+
+def test_a_gpu_benchmark_cell_is_priced_from_the_sitting_that_ran_it(tmp_path):
+    """--list prices a GPU benchmark cell a sitting ran with the same settings from that run's wall time, not from
+    this CPU's timings (minutes where the H200 took about one); other settings keep the CPU's price."""
+    from prge_lib.experiments import reproduce as rp
+    from prge_lib.experiments.status import price_cells
+
+    fp16, = rp.grid_cells("runtime", "cpu", only="bench-none-L64", device="cuda", dtype="fp16")
+    fp32, = rp.grid_cells("runtime", "cpu", only="bench-none-L64", device="cuda", dtype="fp32")
+    ran = json.loads((SITTINGS / "3" / "results" / "runtime" / "synthetic" / "bench-none-L64_seed0.json").read_text())
+    priced = price_cells([fp16, fp32], results=tmp_path)
+    assert priced["seconds"][0] == ran["provenance"]["wall_time_s"] and len(priced["bench_measured"]) == 1
+    assert priced["seconds"][1] == rp.estimate_seconds(fp32, 0) > 5 * priced["seconds"][0]

@@ -4,6 +4,7 @@ pack priced as packed, and marked so).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
@@ -62,13 +63,38 @@ def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | 
                  for device in dict.fromkeys(device_kind(cell.config()) for cell in cells) if device != "cpu"}
     pack_shares = {device: pack_step_share(device, results, runs=pack, solo=elsewhere.get(device))
                    for device in devices}
+    measured = measured_bench_seconds([cell for cell, st in zip(cells, states) if st["state"] == "missing"])
     seconds = []
     for cell, st in zip(cells, states):
         share, eval_share = _shares(cell, packed, pack_shares, elsewhere)
-        seconds.append(estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share)
+        seconds.append(measured[_settings(cell)] if _settings(cell) in measured else
+                       estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share)
                        if st["state"] in ("partial", "missing", "running") else 0.0)
     return {"states": states, "seconds": seconds, "packed": packed, "pack_shares": pack_shares,
-            "elsewhere": elsewhere}
+            "elsewhere": elsewhere, "bench_measured": measured}
+
+
+def _settings(cell: Cell) -> tuple[str, str]:
+    """A cell's name and settings, which together say which run it is (a name alone leaves out dtype and device)."""
+    return cell.name, json.dumps(cell.config(), sort_keys=True)
+
+
+def measured_bench_seconds(cells: list[Cell], sittings: Path | None = None) -> dict[tuple[str, str], float]:
+    """{(cell name, settings): wall seconds} for the benchmark cells on a GPU among ``cells`` that a GPU sitting ran
+    with the same settings (:func:`~prge_lib.experiments.gpu_results.sitting_results`, the latest sitting's file). Such a
+    cell's only other price is this CPU's timing (estimates.BENCH_STEP_SECONDS): minutes where the GPU took about
+    a minute (the runtime grid's cells on an NVIDIA H200, third sitting)."""
+    from prge_lib.experiments import gpu_results
+
+    wanted = [cell for cell in cells if cell.kind == "bench" and device_kind(cell.config()) != "cpu"]
+    measured = {}
+    for grid in dict.fromkeys(cell.grid for cell in wanted):
+        ran = {(r["cell"]["name"], json.dumps(r["config"], sort_keys=True)): r["provenance"]["wall_time_s"]
+               for r in gpu_results.sitting_results(grid, *([sittings] if sittings else []))}
+        for cell in (c for c in wanted if c.grid == grid):
+            if ran.get(_settings(cell)):
+                measured[_settings(cell)] = float(ran[_settings(cell)])
+    return measured
 
 
 def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1,
@@ -107,6 +133,9 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
         lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")
     for device, measured in elsewhere.items():
         lines.append(f"cells on {device} priced from {measured['how']}")
+    if priced["bench_measured"]:
+        lines.append(f"{len(priced['bench_measured'])} benchmark cells priced from the wall time a GPU sitting "
+                     f"measured for the same cell (data/results/gpu-sittings)")
     lm = next((cell for cell in cells if cell.kind == "lm"), None)
     if lm is not None:
         lines.append(f"WikiText-2 curves priced from {lm_seconds(lm.config()['seq_len'], results)[2]}")
