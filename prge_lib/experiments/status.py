@@ -81,9 +81,9 @@ def _settings(cell: Cell) -> tuple[str, str]:
 
 def measured_bench_seconds(cells: list[Cell], sittings: Path | None = None) -> dict[tuple[str, str], float]:
     """{(cell name, settings): wall seconds} for the benchmark cells on a GPU among ``cells`` that a GPU sitting ran
-    with the same settings (:func:`~prge_lib.experiments.gpu_results.sitting_results`, the latest sitting's file). Such a
-    cell's only other price is this CPU's timing (estimates.BENCH_STEP_SECONDS): minutes where the GPU took about
-    a minute (the runtime grid's cells on an NVIDIA H200, third sitting)."""
+    with the same settings (:func:`~prge_lib.experiments.gpu_results.sitting_results`, the latest sitting's
+    file). Such a cell's only other price is this CPU's timing (estimates.BENCH_STEP_SECONDS): minutes where the
+    GPU took about a minute (the runtime grid's cells on an NVIDIA H200, third sitting)."""
     from prge_lib.experiments import gpu_results
 
     wanted = [cell for cell in cells if cell.kind == "bench" and device_kind(cell.config()) != "cpu"]
