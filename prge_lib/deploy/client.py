@@ -44,7 +44,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prge_lib.common.provenance import as_float32
 from prge_lib.deploy.device_train import train_in_runtime
 from prge_lib.deploy.export import check_program, export_program, read_program_meta
 from prge_lib.deploy.program import flat_adapter, load_flat_adapter
@@ -56,7 +55,7 @@ from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import build_method
 from prge_lib.zo.defaults import DEFAULT_TARGETS
 from prge_lib.zo.lora import adapter_state, read_adapter
-from prge_lib.zo.prge import PRGE, step_seeds
+from prge_lib.zo.prge import PRGE, step_seeds, update_alphas
 from prge_lib.zo.prng import counter_normal
 
 UNIT_ROUNDOFF = 2.0 ** -24          # fp32
@@ -230,8 +229,7 @@ class ProgramReplayer:
                              f"{self.settings['q']}; this run's has {adapter.numel()} with q {method.q}")
         for t, g in checked_steps(steps, method.q):
             seeds = torch.tensor(step_seeds(method.seed, t, method.q), dtype=torch.int64)
-            alphas = torch.tensor([-lr * gi / method.q for gi in as_float32([float(v) for v in g])],
-                                  dtype=torch.float32)                     # as the eager alpha (replay_layers)
+            alphas = torch.tensor(update_alphas(g, lr, method.q), dtype=torch.float32)   # as the eager update
             adapter = self.program(adapter, seeds, alphas)[0]
         load_flat_adapter(method.layers, adapter)
         return method

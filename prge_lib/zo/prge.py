@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from prge_lib.common.provenance import as_float32
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
 from prge_lib.models.objective import Batch, copy_losses
 from prge_lib.zo.estimator import ZerothOrder, step_seeds  # noqa: F401  (step_seeds: re-exported)
@@ -118,11 +119,19 @@ def apply_update(layers: Sequence[LoRAFALinear], seeds: Sequence[int], g: torch.
                  lr: float) -> None:
     """B ← B − (η/q) Σ_i g_i z_i (Gao et al. Alg. 1 line 14), z_i redrawn from s_i (or kept): the whole update
     from the q seeds and q projected gradients, so any holder of (seeds, g) applies it bit for bit (chapter 11)."""
-    q = len(seeds)
-    values = g.tolist() if isinstance(g, torch.Tensor) else [float(gi) for gi in g]
+    alphas = update_alphas(g, lr, len(seeds))
     for layer in layers:
-        for seed, gi in zip(seeds, values):
-            layer.lora_B.add_(layer.noise(seed), alpha=-lr * gi / q)      # z_i from s_i (redrawn unless kept)
+        for seed, alpha in zip(seeds, alphas):
+            layer.lora_B.add_(layer.noise(seed), alpha=alpha)            # z_i from s_i (redrawn unless kept)
+
+
+def update_alphas(g: torch.Tensor | Sequence[float], lr: float, q: int) -> list[float]:
+    """−(η/q) g_i for each of a step's projected gradients, the scale of z_i in :func:`apply_update` (and in the
+    runtime replayer, :class:`prge_lib.deploy.client.ProgramReplayer`). The g are float32: a tensor's, or a
+    recorded list cast back to float32 (a result file writes each with the fewest digits that name it,
+    :func:`prge_lib.common.provenance.as_float32`), so a replay from any record gives the run's own alphas."""
+    values = g.tolist() if isinstance(g, torch.Tensor) else as_float32([float(gi) for gi in g])
+    return [-lr * gi / q for gi in values]
 
 
 def step_record(out: dict) -> dict:

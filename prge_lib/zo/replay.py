@@ -15,7 +15,6 @@ from typing import Iterable, Sequence
 
 import torch
 
-from prge_lib.common.provenance import as_float32
 from prge_lib.zo.estimator import step_seeds
 from prge_lib.zo.fused import FusedPRGE, apply_fused_update, draw_all
 from prge_lib.zo.lora import LoRAFALinear
@@ -63,12 +62,9 @@ def replay_steps(method: PRGE, steps: Iterable[tuple[int, Sequence[float]]], lr:
 @torch.no_grad()
 def replay_layers(layers: Sequence[LoRAFALinear], seed: int, q: int, steps: Iterable[tuple[int, Sequence[float]]],
                   lr: float) -> None:
-    """The per-layer replay of :func:`replay_steps` on ``layers`` of a run with ``seed`` and ``q``. A P-RGE run's
-    projected gradients are float32, and a result file writes each with the fewest digits that name that float32
-    (:func:`prge_lib.common.provenance.as_float32`): cast back to it, they are the run's own numbers wherever they
-    were read from."""
+    """The per-layer replay of :func:`replay_steps` on ``layers`` of a run with ``seed`` and ``q``."""
     for t, g in checked_steps(steps, q):
-        apply_update(layers, step_seeds(seed, t, q), as_float32([float(v) for v in g]), lr)
+        apply_update(layers, step_seeds(seed, t, q), g, lr)
 
 
 @torch.no_grad()
