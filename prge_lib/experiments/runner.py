@@ -26,7 +26,7 @@ from prge_lib.data.tasks import get_task
 from prge_lib.experiments.bench.lm_curves import lm_curves
 from prge_lib.experiments.bench.methods import bench
 from prge_lib.experiments.cells import Cell, checkpoint_root
-from prge_lib.experiments.estimates import estimate_seconds
+from prge_lib.experiments.estimates import device_kind, estimate_seconds
 from prge_lib.experiments.locks import CellBusy, cell_lock
 from prge_lib.experiments.packs import check_pack_size, plan_packs
 from prge_lib.experiments.results import (conflicting_results, read_result, result_differs, twin_result,
@@ -335,7 +335,7 @@ def _fits_before(cell: Cell, deadline: float | None) -> bool:
     (estimates.BENCH_STEP_SECONDS), minutes where the GPU takes seconds, so no GPU sitting would ever start one."""
     if deadline is None:
         return True
-    unpriced = cell.kind == "bench" and str(cell.config().get("device", "cpu")) != "cpu"
+    unpriced = cell.kind == "bench" and device_kind(cell.config()) != "cpu"
     needs = 0.0 if cell.kind in ("train", "lm") or unpriced else estimate_seconds(cell, cell.steps())
     return time.time() + needs < deadline
 

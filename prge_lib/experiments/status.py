@@ -67,7 +67,7 @@ def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | 
     seconds = []
     for cell, st in zip(cells, states):
         share, eval_share = _shares(cell, packed, pack_shares, elsewhere)
-        seconds.append(measured[_settings(cell)] if _settings(cell) in measured else
+        seconds.append(measured.get(_settings(cell)) or
                        estimate_seconds(cell, max(0, st["steps"] - st["step"]), share, eval_share)
                        if st["state"] in ("partial", "missing", "running") else 0.0)
     return {"states": states, "seconds": seconds, "packed": packed, "pack_shares": pack_shares,
@@ -79,7 +79,7 @@ def _settings(cell: Cell) -> tuple[str, str]:
     return cell.name, json.dumps(cell.config(), sort_keys=True)
 
 
-def measured_bench_seconds(cells: list[Cell], sittings: Path | None = None) -> dict[tuple[str, str], float]:
+def measured_bench_seconds(cells: list[Cell]) -> dict[tuple[str, str], float]:
     """{(cell name, settings): wall seconds} for the benchmark cells on a GPU among ``cells`` that a GPU sitting ran
     with the same settings (:func:`~prge_lib.experiments.gpu_results.sitting_results`, the latest sitting's
     file). Such a cell's only other price is this CPU's timing (estimates.BENCH_STEP_SECONDS): minutes where the
@@ -90,10 +90,10 @@ def measured_bench_seconds(cells: list[Cell], sittings: Path | None = None) -> d
     measured = {}
     for grid in dict.fromkeys(cell.grid for cell in wanted):
         ran = {(r["cell"]["name"], json.dumps(r["config"], sort_keys=True)): r["provenance"]["wall_time_s"]
-               for r in gpu_results.sitting_results(grid, *([sittings] if sittings else []))}
-        for cell in (c for c in wanted if c.grid == grid):
-            if ran.get(_settings(cell)):
-                measured[_settings(cell)] = float(ran[_settings(cell)])
+               for r in gpu_results.sitting_results(grid)}
+        for key in (_settings(c) for c in wanted if c.grid == grid):
+            if ran.get(key):
+                measured[key] = float(ran[key])
     return measured
 
 
