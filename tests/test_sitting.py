@@ -36,9 +36,19 @@ def test_the_stages_in_priority_order(tmp_path):
     check, *stages = sitting.sitting_stages(tmp_path)
     assert check.name == "gpu-check" and check.commands[0][0] == "gpu-check" and "cuda" in check.commands[0]
     assert [s.name for s in stages] == ["engine-bench-sst2", "engine-bench-rte", "table13-fp16", "grids-fp16",
-                                        "engine-groups", "paired-fp32-fp16", "paired-fp32-fp16-more",
+                                        "flat-q-engines", "engine-groups", "paired-fp32-fp16", "paired-fp32-fp16-more",
                                         "table1-paper-zo-sst2", "table1-paper-zo-rte", "fig1-paper",
                                         "table1-paper-packed"]
+    # Table 8 on the GPU by engine: every engine at q 1, 4 and 16 in one process per length, step times only
+    flat_stage = stages.pop(4)
+    flat_q, = flat_stage.commands
+    assert flat_q[:3] == ("bench", "--method", "prge,prge-fused,prge-graphs") and not flat_stage.resumable
+    assert (flat_q[flat_q.index("--q") + 1], flat_q[flat_q.index("--E") + 1]) == ("1,4,16", "16")
+    assert flat_q[flat_q.index("--seq-len") + 1] == "64,128,256" and flat_q[flat_q.index("--dtype") + 1] == "fp16"
+    assert "--no-peaks" in flat_q and "--keep-done" in flat_q and "cuda" in flat_q
+    assert flat_q[flat_q.index("--out") + 1].endswith("flat_q/fp16_L{seq_len}.json")
+    rehearsal = {s.name: s for s in sitting.sitting_stages(tmp_path, device="cpu")}["flat-q-engines"]
+    assert rehearsal.commands[0][:3] == ("bench", "--method", "prge,prge-fused")     # no CUDA graphs on a CPU
     zo_sst2, zo_rte = stages.pop(7), stages.pop(7)           # Table 1's ZO LoRA-FA rows of a task, resumable
     for zo, task in ((zo_sst2, "sst2"), (zo_rte, "rte")):
         command, = zo.commands
@@ -100,16 +110,17 @@ def test_the_dry_run_plan_shows_estimates_and_what_fits(tmp_path):
     assert lines[0].startswith("1. gpu-check") and "about 1.5 min; runs" in lines[0]
     assert lines[2].startswith("2. engine-bench-sst2") and "about 2.5 min; runs" in lines[2]
     assert any("4. table13-fp16" in line and "about 3 min; runs" in line for line in lines)
-    # 1.5 + 2.5 + 4.5 + 3 = 11.5 of 22.5 minutes: the grid (resumable, about 5 min) runs, and with 6 left the
-    # 8 minutes of engine-groups do not fit
-    assert any("5. grids-fp16" in line and "about 5 min; runs" in line for line in lines)
-    assert any("6. engine-groups" in line and "left for a later sitting" in line for line in lines)
-    assert lines[-1] == "still to run: about 932 min in all; time limit 22.5 min"
+    # 1.5 + 2.5 + 4.5 + 3 = 11.5 of 22.5 minutes: the grid (resumable, about 5 min) runs for what is left, so the
+    # stages after it wait for a later sitting
+    assert any("5. grids-fp16" in line and "about 5 min; runs for up to 11 min" in line for line in lines)
+    assert any("6. flat-q-engines" in line and "left for a later sitting" in line for line in lines)
+    assert any("7. engine-groups" in line and "left for a later sitting" in line for line in lines)
+    assert lines[-1] == "still to run: about 936 min in all; time limit 22.5 min"
 
 
 def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tmp_path):
     stages = [s for s in sitting.sitting_stages(tmp_path, paired_steps=50)
-              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16")][:3]
+              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16", "flat-q-engines")][:3]
     machine = FakeMachine({"bench": 4, "runtime": 2, "memory": 2, "train": 1})
     entry = sitting.run_sitting(stages, tmp_path, 20, "NVIDIA H100", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished"] * 3
@@ -126,7 +137,7 @@ def test_a_sitting_runs_in_order_writes_each_record_and_the_next_one_skips_it(tm
 
 def test_a_stopped_stage_is_taken_up_by_the_next_sitting(tmp_path):
     stages = [s for s in sitting.sitting_stages(tmp_path)
-              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16")][:3]
+              if s.name not in ("gpu-check", "engine-bench-rte", "engine-groups", "table13-fp16", "flat-q-engines")][:3]
     machine = FakeMachine({"bench": 5, "runtime": 3}, exits={"runtime": 3})      # the grid's time limit stops it
     entry = sitting.run_sitting(stages, tmp_path, 8, "H200", machine.run, machine.clock, say=lambda s: None)
     assert [s["status"] for s in entry["stages"]] == ["finished", "stopped"]

@@ -78,6 +78,43 @@ def test_the_standard_benchmark_speedup_is_the_ratio_of_its_medians(tiny_folder,
         gpu_results.inner_speedups(gpu_results.sitting_files("table13", tmp_path))
 
 
+def test_flat_in_q_by_engine_reads_each_engines_own_step_times(tiny_folder, tmp_path):
+    # the stage flat-q-engines' command on the CPU (without the graphed step, which needs a GPU): the per-layer and
+    # the fused step at q 1 and 2 in one process, one file per length
+    out = tmp_path / "5" / "flat_q" / "fp32_L{seq_len}.json"
+    assert main(["bench", "--method", "prge,prge-fused", "--model", str(tiny_folder), "--q", "1,2", "--E", "2",
+                 "--seq-len", "8,12", "--repeats", "2", "--no-peaks", "--out", str(out)]) == 0
+    written = {L: json.loads((tmp_path / "5" / "flat_q" / f"fp32_L{L}.json").read_text()) for L in (8, 12)}
+    assert set(written[8]["configs"]) == {"prge@q1", "prge@q2", "prge-fused@q1", "prge-fused@q2"}
+    rows = gpu_results.flat_in_q(gpu_results.sitting_files("flat_q", tmp_path))
+    assert [(r["engine"], r["L"]) for r in rows] == [("per-layer", 8), ("per-layer", 12), ("fused", 8), ("fused", 12)]
+    for row in rows:
+        configs = written[row["L"]]["configs"]
+        key = "prge" if row["engine"] == "per-layer" else "prge-fused"
+        times = [configs[f"{key}@q{q}"]["step_s"]["median"] for q in (1, 2)]
+        assert (row["q1_s"], row["q2_s"]) == tuple(times) and row["spread"] == max(times) / min(times)
+        assert row["E"] == 2 and row["device"].startswith("CPU (") and row["sitting"] == "5"
+        # the file's own ratio says the same
+        ratio = written[row["L"]]["ratios"][f"{key.replace('-', '_')}_spread_over_q"]
+        assert ratio == pytest.approx(row["spread"] - 1)
+    # an engine measured at one q only answers nothing
+    one_q = tmp_path / "6" / "flat_q" / "fp32_L8.json"
+    assert main(["bench", "--method", "prge-fused", "--model", str(tiny_folder), "--q", "2", "--E", "2",
+                 "--seq-len", "8", "--repeats", "1", "--no-peaks", "--out", str(one_q)]) == 0
+    assert gpu_results.flat_in_q(gpu_results.sitting_files("flat_q", tmp_path / "nowhere")) == []
+    only_one = json.loads(one_q.read_text())
+    assert gpu_results.flat_in_q([only_one]) == []
+
+
+def test_the_graphed_benchmark_step_is_refused_off_a_gpu_before_any_work(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "graphs.json"
+    assert main(["bench", "--method", "prge-graphs", "--model", str(tiny_folder), "--q", "2", "--E", "2",
+                 "--seq-len", "8", "--repeats", "1", "--no-peaks", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'prge-graphs' replays CUDA graphs: it needs --device cuda (the model is on cpu)" in err
+    assert not out.exists()
+
+
 def test_the_paper_table13_and_its_stated_maximum_agree():
     t13 = paper.TABLE13_SECONDS
     gains = {(L, B): t13["mezo-lorafa"][L][i] / t13["prge-inner"][L][i]

@@ -79,3 +79,26 @@ def inner_speedups(results: list[dict]) -> list[dict]:
                      "inner_s": inner, "speedup": sequential / inner, "device": device_name(r),
                      "sitting": r.get("_sitting")})
     return sorted(rows, key=lambda row: (row["weights"], row["L"], row["B"]))
+
+
+# the engines of the flat-in-q benchmark (stage flat-q-engines), as the chapters name them
+ENGINE_LABELS = {"prge": "per-layer", "prge-fused": "fused", "prge-graphs": "fused, CUDA graph"}
+
+
+def flat_in_q(results: list[dict]) -> list[dict]:
+    """Gao et al. Table 8's question by engine, from ``prge bench --method prge,prge-fused,prge-graphs --q 1,4,16``
+    files (stage flat-q-engines): one row per file and engine with its length L, E, the median step time at each
+    q (``q1_s``, ``q4_s``, …), the slowest ÷ the fastest (``spread``: flat would be 1) and the device; sorted by
+    engine and L. An engine a file did not measure at several q is left out of it."""
+    rows = []
+    for r in results:
+        for config, label in ENGINE_LABELS.items():
+            times = {c["q"]: c["step_s"]["median"] for c in r["configs"].values() if c["config"] == config}
+            if len(times) < 2:
+                continue
+            rows.append({"engine": label, "L": r["seq_len"], "E": r["E"],
+                         **{f"q{q}_s": t for q, t in sorted(times.items())},
+                         "spread": max(times.values()) / min(times.values()), "device": device_name(r),
+                         "sitting": r.get("_sitting")})
+    order = list(ENGINE_LABELS.values())
+    return sorted(rows, key=lambda row: (order.index(row["engine"]), row["L"]))

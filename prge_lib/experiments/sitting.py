@@ -62,6 +62,8 @@ class Stage:
 
 
 GROUP_BUCKETS = ",".join(map(str, FINE_BUCKETS))     # fine enough that a group of short prompts pads little
+# the step at several q by engine (stage flat-q-engines; prge_lib.experiments.bench.methods.CONFIGS)
+FLAT_Q_CONFIGS = ("prge", "prge-fused", "prge-graphs")
 
 
 def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000, paired_seeds: Sequence[int] = (0,),
@@ -132,6 +134,15 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                      f"Table 13): MeZO (LoRA-FA) against the inner loop, q 1, L 64/128/256 × B 1/8/16, {weights}",
                      minutes, commands)
 
+    # Gao et al. Table 8 on a GPU, engine by engine: the grid's per-layer step was not flat in q there (its noise
+    # launches grow with q); the fused step draws all of a step's noise in one call, and its CUDA graph replays
+    # the whole step in one launch. All three in one process per length, so their ratios come from one run
+    # (a rehearsal on a CPU, which has no CUDA graphs, times the other two)
+    engines = FLAT_Q_CONFIGS if device.startswith("cuda") else FLAT_Q_CONFIGS[:-1]
+    flat_q = (("bench", "--method", ",".join(engines), "--q", "1,4,16", "--E", "16",
+               "--seq-len", "64,128,256", "--dtype", "fp16", "--repeats", "5", "--no-peaks", "--keep-done",
+               "--out", str(out / "flat_q" / "fp16_L{seq_len}.json"), *common),)
+
     kept = ("--checkpoint-root", str(checkpoints))
     table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *kept,
                *common),)
@@ -156,6 +167,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
             table13_stage("none", 3.0),         # 2.69 min on an H200 (third sitting)
             Stage("grids-fp16", "runtime and memory grids, fp16" + (", INT8/NF4" if quantized else ""),
                   15.0 if quantized else 5.0, grids, resumable=True),    # fp16 alone: 4.95 min on an H200
+            Stage("flat-q-engines", "Table 8 on the GPU by engine: P-RGE's step at q 1, 4 and 16 (E 16, fp16, "
+                  "L 64/128/256) with the per-layer step, the fused step and its CUDA graph", 4.0, flat_q,  # a guess
+                  summarize=lambda folder: flat_q_summary(folder / "flat_q")),
             *([table13_stage("nf4", 5.0), table13_stage("int8", 5.0)] if quantized else []),
             *([Stage("jetson-nf4", f"chapter 10's Jetson path: P-RGE q 4 and 16, NF4 base, fp16, {jetson_steps} "
                      f"SST-2 steps", 4.0, jetson)] if quantized else []),
@@ -380,3 +394,18 @@ def carry_calls(manifest: dict, limit_mib: float = 64, tree_mib: float = 12) -> 
     calls = [names for names, _ in calls] or [[]]
     calls[-1] += ["MANIFEST.json", "install.py"]
     return calls
+
+
+def flat_q_summary(folder: Path) -> dict:
+    """Table 8's question by engine from the stage flat-q-engines' files in ``folder``: for each engine, the
+    largest slowest ÷ fastest q over the lengths measured (flat would be 1), and each length's figure."""
+    from prge_lib.experiments.gpu_results import flat_in_q
+    from prge_lib.experiments.results import read_result
+
+    rows = flat_in_q([read_result(path) for path in sorted(Path(folder).glob("*.json"))])
+    if not rows:
+        raise ValueError(f"no flat-in-q benchmark file (an engine timed at several q) in {folder}")
+    engines = dict.fromkeys(row["engine"] for row in rows)
+    return {engine: {"largest_spread": max(r["spread"] for r in rows if r["engine"] == engine),
+                     "spread_by_length": {str(r["L"]): r["spread"] for r in rows if r["engine"] == engine}}
+            for engine in engines}

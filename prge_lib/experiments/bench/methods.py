@@ -47,7 +47,13 @@ CONFIGS = {
     "prge-inner": ("prge", False, True),
     "prge": ("prge", True, True),               # the trainer's default: z kept for the update when it fits
     "prge-redraw": ("prge", True, True),        # z redrawn from the seeds for the update (nothing kept)
+    "prge-fused": ("prge", True, True),         # the fused engine: counter noise for every layer in one draw
+    "prge-graphs": ("prge", True, True),        # the fused step replayed as a CUDA graph (a GPU only)
 }
+# the engine settings of the configurations that do not run the per-layer step (chapter 5, "The GPU engine"); the
+# synthetic batches have one length, so the graphed step's one bucket is the benchmark's sequence length
+ENGINE_SETTINGS = {"prge-fused": {"noise": "counter", "engine": "fused"},
+                   "prge-graphs": {"noise": "counter", "engine": "fused", "cuda_graphs": True}}
 
 
 class FreshModels:
@@ -121,10 +127,25 @@ def _step_function(name: str, model, E: int, q: int, source: BatchSource, eps: f
     else:
         loops = {} if outer is None else {"outer": outer, "inner": inner}
         keep_noise = False if name == "prge-redraw" else None       # None: the trainer's default
-        config = TrainConfig("sst2", method=method_name, q=q, E=E, eps=eps, lr=lr, keep_noise=keep_noise, **loops)
+        config = TrainConfig("sst2", method=method_name, q=q, E=E, eps=eps, lr=lr, keep_noise=keep_noise, **loops,
+                             **engine_settings(name, model, source.seq_len))
         forwards = 2 * q if outer is None else (1 if outer else q) * (1 if inner else 2)
     method = build_method(config.resolved(), model)
     return (lambda t: method.step(source(rows, t), t)), rows, forwards
+
+
+def engine_settings(name: str, model, seq_len: int) -> dict:
+    """The TrainConfig settings that put configuration ``name`` on its engine (:data:`ENGINE_SETTINGS`), with the
+    model's device; {} for the per-layer step, which every other configuration times on any device. A graphed
+    configuration off a GPU is refused, naming the device."""
+    settings = ENGINE_SETTINGS.get(name)
+    if settings is None:
+        return {}
+    device = next(model.parameters()).device
+    if settings.get("cuda_graphs") and device.type != "cuda":
+        raise ValueError(f"benchmark configuration {name!r} replays CUDA graphs: it needs --device cuda (the model is "
+                         f"on {device}); prge-fused times the same step without graphs")
+    return {**settings, "device": str(device), **({"buckets": str(seq_len)} if settings.get("cuda_graphs") else {})}
 
 
 def _floor(model, E: int, source: BatchSource, warmup: int, cuda: bool, first: int) -> dict:
@@ -272,9 +293,11 @@ def ratios(floor: dict, results: dict, E: int) -> dict:
             out[f"{ref}_over_{main}"] = results[ref]["step_s"]["median"] / results[main]["step_s"]["median"]
     if main and "mezo" in results and "mezo_structural_limit" in out:
         out["share_of_structural_limit"] = out[f"mezo_over_{main}"] / out["mezo_structural_limit"]
-    if len(prge) > 1:
-        times = [results[k]["step_s"]["median"] for k in prge]
-        out["prge_spread_over_q"] = max(times) / min(times) - 1
+    # Table 8's question for each step measured at several q: slowest ÷ fastest q, less 1 (flat would be 0)
+    for config in dict.fromkeys(r["config"] for r in results.values() if r["config"].startswith("prge")):
+        times = [r["step_s"]["median"] for r in results.values() if r["config"] == config]
+        if len(times) > 1:
+            out[f"{config.replace('-', '_')}_spread_over_q"] = max(times) / min(times) - 1
     return out
 
 
