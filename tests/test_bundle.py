@@ -83,6 +83,78 @@ def test_split_and_join_give_back_the_file_with_checksums(tmp_path):
     assert [p["name"] for p in bundle.split_file(small, tmp_path / "wheels", 700_000)["parts"]] == ["wheels/small.whl"]
 
 
+def _gpu_wheel(folder: Path) -> Path:
+    """A wheel laid out as bitsandbytes' is: Python files, a CPU library and GPU libraries for many runtimes,
+    each listed in RECORD."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpulib-1.0-py3-none-manylinux_2_24_x86_64.whl"
+    files = {"gpulib/__init__.py": b"VALUE = 1\n", "gpulib/libgpulib_cpu.so": b"c" * 100}
+    files.update({f"gpulib/libgpulib_cuda{tag}.so": tag.encode() * 300 for tag in ("118", "126", "128", "130", "132")})
+    files.update({"gpulib/libgpulib_rocm72.so": b"r" * 300, "gpulib/libgpulib_xpu2025.so": b"x" * 300})
+    files["gpulib-1.0.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: gpulib\nVersion: 1.0\n"
+    files["gpulib-1.0.dist-info/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    record = "".join(f"{name},sha256=x,{len(data)}\n" for name, data in files.items())
+    files["gpulib-1.0.dist-info/RECORD"] = (record + "gpulib-1.0.dist-info/RECORD,,\n").encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
+        for name, data in files.items():
+            out.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("cuda, kept", [("13.0", ["130"]), ("13.1", ["130"]), ("13.2", ["132"]),
+                                        ("12.9", ["128"]), ("12.6", ["126"]), ("13", ["130", "132"])])
+def test_a_wheel_slimmed_for_a_cuda_version_keeps_the_library_that_version_loads(tmp_path, cuda, kept):
+    import zipfile
+
+    wheel = _gpu_wheel(tmp_path / "published")
+    (tmp_path / "slim").mkdir()
+    slim, done = bundle.slim_wheel(wheel, cuda, tmp_path / "slim")
+    assert slim.name == wheel.name and slim.parent == tmp_path / "slim"
+    names = zipfile.ZipFile(slim).namelist()
+    assert sorted(n for n in names if "_cuda" in n) == [f"gpulib/libgpulib_cuda{tag}.so" for tag in kept]
+    assert "gpulib/libgpulib_cpu.so" in names and "gpulib/__init__.py" in names    # the CPU library and the code stay
+    assert not any("_rocm" in n or "_xpu" in n for n in names)
+    record = zipfile.ZipFile(slim).read("gpulib-1.0.dist-info/RECORD").decode()
+    assert sorted(line.split(",")[0] for line in record.splitlines()) == sorted(names)   # RECORD lists what is there
+    assert done["kept"] == [f"gpulib/libgpulib_cuda{tag}.so" for tag in kept] and len(done["dropped"]) == 7 - len(kept)
+    assert done["original"] == {"size": wheel.stat().st_size, "sha256": bundle_install.sha256_of(wheel)}
+
+
+def test_a_cuda_version_the_wheel_cannot_serve_is_refused_naming_what_it_has(tmp_path, wheels):
+    wheel = _gpu_wheel(tmp_path / "published")
+    with pytest.raises(ValueError, match=r"--cuda 11.2: the wheel has no build for it \(it has CUDA 11.8, 12.6, 12.8, "
+                                         r"13.0, 13.2\)"):
+        bundle.slim_wheel(wheel, "11.2", tmp_path)
+    for bad in ("cu130", "13.0.1", "thirteen", ""):
+        with pytest.raises(ValueError, match="torch.version.cuda"):
+            bundle.parse_cuda(bad)
+    # a wheel without GPU libraries passes through as it is
+    plain = wheels["prge_dummy_dep"]
+    assert bundle.slim_wheel(plain, "13.0", tmp_path) == (plain, None)
+
+
+def test_a_bundle_built_for_a_cuda_version_records_what_it_slimmed(tmp_path, wheels):
+    published = _gpu_wheel(tmp_path / "published")
+
+    def download(requirement, dest, *, python, platforms):
+        source = published if requirement == "gpulib" else wheels["prge_dummy_dep"]
+        return Path(shutil.copy(source, dest))
+
+    lines = []
+    manifest = bundle.build_bundle(tmp_path / "bundle", ["gpulib", "prge-dummy-dep"], project=False, cuda="13.0",
+                                   download=download, say=lines.append)
+    gpulib, dep = manifest["files"]
+    assert manifest["cuda"] == "13.0" and "slimmed" not in dep
+    assert gpulib["slimmed"]["kept"] == ["gpulib/libgpulib_cuda130.so"] and gpulib["size"] < published.stat().st_size
+    assert gpulib["sha256"] == bundle_install.sha256_of(tmp_path / "bundle" / "wheels" / published.name)
+    assert any("kept the GPU libraries for CUDA 13.0 (libgpulib_cuda130.so), left out 6" in line for line in lines)
+    assert "GPU libraries for CUDA 13.0 only; the wheel as published has" in bundle.listing(manifest)[0]
+    with pytest.raises(ValueError, match="--cuda 'cu13'"):
+        bundle.build_bundle(tmp_path / "other", [], project=False, cuda="cu13", download=download)
+
+
 def test_the_manifest_lists_every_file_with_its_parts(built):
     out, manifest = built
     assert json.loads((out / "MANIFEST.json").read_text()) == manifest
@@ -155,7 +227,7 @@ def test_the_gpu_box_plan_and_the_platforms_it_accepts():
         bundle.platform_tags(["manylinux 2.28"])
 
 
-def test_the_cli_builds_the_profile_and_lists_the_parts(tmp_path, monkeypatch, capsys):
+def test_the_cli_builds_the_profile_and_lists_the_parts(tmp_path, monkeypatch, capsys, wheels):
     from prge_lib.cli.main import main
 
     asked = []
@@ -184,3 +256,12 @@ def test_the_cli_builds_the_profile_and_lists_the_parts(tmp_path, monkeypatch, c
     made = json.loads((tmp_path / "e" / "MANIFEST.json").read_text())
     assert made["project_commit"] is None and len(made["files"]) == 3
     assert "the project's wheel is left out (--no-project-wheel)" in capsys.readouterr().err
+    # --cuda reaches the build: the GPU wheel is slimmed, and a bad version is refused
+    monkeypatch.setattr(bundle, "pip_download", lambda requirement, dest, *, python, platforms: Path(shutil.copy(
+        _gpu_wheel(tmp_path / "published") if requirement.startswith("gguf") else wheels["prge_dummy_dep"], dest)))
+    assert main(["bundle", "build", "--out", str(tmp_path / "f"), "--no-project-wheel", "--without", "bitsandbytes",
+                 "--cuda", "13.0"]) == 0
+    made = json.loads((tmp_path / "f" / "MANIFEST.json").read_text())
+    assert made["cuda"] == "13.0" and made["files"][0]["slimmed"]["kept"] == ["gpulib/libgpulib_cuda130.so"]
+    assert main(["bundle", "build", "--out", str(tmp_path / "g"), "--cuda", "13.x"]) == 2
+    assert "--cuda '13.x': give the CUDA version" in capsys.readouterr().err

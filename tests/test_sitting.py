@@ -167,6 +167,41 @@ def test_the_machine_check_names_what_is_missing():
     assert sitting.check_environment(device="cpu")["problems"] == []
 
 
+def test_bitsandbytes_that_cannot_quantize_on_the_gpu_leaves_the_int8_nf4_stages_out(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    every = lambda name: object()                                   # noqa: E731 (every module importable)
+    works = sitting.check_environment(find=every, quantizes=lambda: None)
+    assert works["modules"]["bitsandbytes"] is True and works["notes"] == [] and works["cuda"] == "12.8"
+    slimmed = sitting.check_environment(find=every, quantizes=lambda: "RuntimeError: no libbitsandbytes_cuda128.so")
+    assert slimmed["modules"]["bitsandbytes"] is False and slimmed["problems"] == []      # the sitting still runs
+    note, = slimmed["notes"]
+    assert "does not quantize on this GPU (RuntimeError: no libbitsandbytes_cuda128.so)" in note
+    assert "must name this torch's CUDA, 12.8" in note
+    # not asked where bitsandbytes is absent, nor for a rehearsal on the CPU
+    asked = []
+    sitting.check_environment(find=lambda name: None if name == "bitsandbytes" else object(),
+                              quantizes=lambda: asked.append(1))
+    sitting.check_environment(find=every, device="cpu", quantizes=lambda: asked.append(1))
+    assert asked == []
+    # on this machine (no GPU) the probe itself says why, instead of raising
+    monkeypatch.undo()
+    if not torch.cuda.is_available():
+        assert sitting.bitsandbytes_on_gpu()
+
+
+def test_a_sittings_log_names_the_machines_torch_and_cuda(tmp_path):
+    stages = sitting.sitting_stages(tmp_path)[1:2]
+    machine = FakeMachine({"bench": 1})
+    entry = sitting.run_sitting(stages, tmp_path, 10, "NVIDIA H200", machine.run, machine.clock, say=lambda s: None,
+                                machine={"python": "3.12.3", "torch": "2.11.0", "cuda": "13.0"})
+    assert entry["machine"] == {"python": "3.12.3", "torch": "2.11.0", "cuda": "13.0"}
+    assert json.loads((tmp_path / "sitting.json").read_text())[0]["machine"]["cuda"] == "13.0"
+
+
 def test_the_payload_is_what_the_bundle_brings(monkeypatch):
     """The sitting's needs beyond the repository are wheels the offline bundle builds for the GPU machine
     (with the jsonschema stack named, bitsandbytes left out)."""

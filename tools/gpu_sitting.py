@@ -93,16 +93,17 @@ def main(argv=None) -> int:
             print(f"gpu_sitting: unknown stage {unknown[0]!r}; choose from {[s.name for s in stages]}", file=sys.stderr)
             return 2
         stages = [s for s in stages if s.name in wanted]
-    print(json.dumps({k: v for k, v in env.items() if k != "problems"}))
-    for problem in env["problems"]:
-        print(f"gpu_sitting: {problem}", file=sys.stderr)
+    print(json.dumps({k: v for k, v in env.items() if k not in ("problems", "notes")}))
+    for line in env["notes"] + env["problems"]:
+        print(f"gpu_sitting: {line}", file=sys.stderr)
     print("\n".join(sitting.plan_lines(stages, Path(args.out), args.time_limit)))
     if args.dry_run:
         return 0
     if env["problems"]:
         return 2
     try:
-        sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device))
+        sitting.run_sitting(stages, Path(args.out), args.time_limit, env.get("device", args.device),
+                            machine={k: env.get(k) for k in ("python", "torch", "cuda")})
     finally:
         if args.keep:
             sitting.keep_log(Path(args.out), Path(args.keep))

@@ -106,7 +106,7 @@ def run_bundle_build(args) -> int:
         print("prge: the project's wheel is left out (--no-project-wheel): run the repository's clone on the machine",
               file=sys.stderr)
     manifest = bundle.build_bundle(args.bundle_out, **settings, part_bytes=bundle.part_bytes_of(args.part_mib),
-                                   project=not args.no_project_wheel,
+                                   project=not args.no_project_wheel, cuda=args.cuda,
                                    say=lambda line: print(f"prge: {line}", file=sys.stderr))
     print("\n".join(bundle.listing(manifest)))
     print(f"-> {args.bundle_out}: copy every file in it to the machine, then run python3 install.py --check-only "
@@ -273,6 +273,10 @@ def bundle_options(bu) -> None:
     build.add_argument("--without", default=None, metavar="NAMES",
                        help="profile wheels to leave out although the machine lacks them, comma-separated (e.g. "
                             "bitsandbytes for a sitting with no INT8/NF4 run: one copy fewer)")
+    build.add_argument("--cuda", default=None, metavar="X.Y",
+                       help="the CUDA version of the machine's torch (torch.version.cuda): a wheel with GPU libraries "
+                            "for many runtimes (bitsandbytes: 41 MiB) keeps only the one it loads there (3-4 MiB); "
+                            "MAJOR alone keeps every build of it (default: keep all)")
     build.add_argument("--no-project-wheel", action="store_true",
                        help="leave out the project's own wheel (4 MiB with the shipped task pools), for a machine "
                             "that runs a clone of the repository, as a GPU sitting does")

@@ -90,8 +90,8 @@ def hardware() -> dict:
             info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
     except OSError:
         pass
-    if torch.cuda.is_available():
-        info["cuda"] = torch.cuda.get_device_name(0)
+    if torch.cuda.is_available():       # the device, and the CUDA version torch was built with (what bitsandbytes loads)
+        info["cuda"], info["cuda_runtime"] = torch.cuda.get_device_name(0), torch.version.cuda
     return info
 
 

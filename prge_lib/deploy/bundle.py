@@ -164,6 +164,77 @@ def _one_wheel(command: list[str], dest: Path, what: str) -> Path:
     return files[0]
 
 
+# a native library built for one GPU runtime, as bitsandbytes ships them: libbitsandbytes_cuda130.so is CUDA 13.0,
+# _cuda128 CUDA 12.8, _rocm72 ROCm 7.2, _xpu2025 Intel's XPU
+_GPU_LIBRARY = re.compile(r"(?:^|/)lib[\w.-]*?_(cuda|rocm|xpu)(\d+)\.(?:so|dll|dylib)$")
+
+
+def parse_cuda(text: str) -> tuple[int, int | None]:
+    """``--cuda`` as (major, minor): "13.0" -> (13, 0); "13" -> (13, None), every minor version of CUDA 13."""
+    match = re.fullmatch(r"\s*(\d{1,2})(?:\.(\d))?\s*", str(text))
+    if not match:
+        raise ValueError(f"--cuda {text!r}: give the CUDA version the machine's torch was built with as MAJOR.MINOR "
+                         f"(python -c 'import torch; print(torch.version.cuda)', e.g. 13.0), or MAJOR for every "
+                         f"minor version of it (e.g. 13)")
+    return int(match.group(1)), None if match.group(2) is None else int(match.group(2))
+
+
+def cuda_libraries_kept(tags: list[str], cuda: str) -> list[str]:
+    """Which of a wheel's CUDA builds (their tags, "130" for CUDA 13.0) a machine whose torch has CUDA ``cuda``
+    can load, as bitsandbytes chooses: the build of that version, else the newest of the same major version below
+    it; with a major version alone, every build of it. A ValueError names the builds there are where none fits."""
+    major, minor = parse_cuda(cuda)
+    builds = {tag: (int(tag[:-1]), int(tag[-1])) for tag in tags}
+    same_major = sorted((v, t) for t, v in builds.items() if v[0] == major and (minor is None or v[1] <= minor))
+    if not same_major:
+        raise ValueError(f"--cuda {cuda}: the wheel has no build for it (it has CUDA "
+                         f"{', '.join(f'{a}.{b}' for a, b in sorted(builds.values()))}); give one of those, or "
+                         f"leave out --cuda to keep them all")
+    if minor is None:
+        return [t for _, t in same_major]
+    return [same_major[-1][1]]
+
+
+def slim_wheel(wheel: Path, cuda: str, dest: Path) -> tuple[Path, dict | None]:
+    """``wheel`` with only the native GPU libraries a machine with CUDA ``cuda`` loads (:func:`cuda_libraries_kept`;
+    the CPU library stays, ROCm and XPU builds go), written under the same name into ``dest``, its RECORD
+    without the files left out. bitsandbytes' wheel is 41 MiB of builds for CUDA 11.8 to 13.2, ROCm and XPU;
+    one CUDA build is 3-4 MiB. Returns the wheel to bundle and what was done (None, and ``wheel`` itself, for a
+    wheel without such libraries)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as source:
+        members = source.infolist()
+        gpu = {m.filename: _GPU_LIBRARY.search(m.filename) for m in members}
+        cuda_tags = sorted({match.group(2) for match in gpu.values() if match and match.group(1) == "cuda"})
+        if not cuda_tags:
+            return wheel, None
+        keep = set(cuda_libraries_kept(cuda_tags, cuda))
+        dropped = sorted(name for name, match in gpu.items()
+                         if match and not (match.group(1) == "cuda" and match.group(2) in keep))
+        target = Path(dest) / Path(wheel).name
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
+            for member in members:
+                if member.filename in dropped:
+                    continue
+                data = source.read(member)
+                if member.filename.endswith(".dist-info/RECORD"):
+                    data = "".join(line for line in data.decode().splitlines(keepends=True)
+                                   if line.split(",", 1)[0] not in dropped).encode()
+                out.writestr(member, data, compress_type=zipfile.ZIP_DEFLATED)
+    kept = sorted(name for name, match in gpu.items() if match and name not in dropped)
+    return target, {"cuda": cuda, "kept": kept, "dropped": dropped,
+                    "original": {"size": Path(wheel).stat().st_size, "sha256": _sha256(Path(wheel))}}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def part_bytes_of(mib: float) -> int:
     """``--part-mib`` in bytes (at least one)."""
     return max(1, int(mib * 2**20))
@@ -220,17 +291,21 @@ def _check_out_folder(out: Path) -> bool:
 
 def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_28_x86_64",),
                  part_bytes: int = DEFAULT_PART_MIB << 20, has=(), without=(), project: bool = True,
-                 download: Callable | None = None, build_project: Callable | None = None,
+                 cuda: str | None = None, download: Callable | None = None, build_project: Callable | None = None,
                  say: Callable[[str], None] = lambda line: None) -> dict:
     """Write the bundle into the folder ``out``: the wheels of the requirements ``wheels`` (``download``) and,
     with ``project``, this project's wheel (``build_project``; by default :func:`pip_download` and
     :func:`pip_wheel_project`), split into parts of at most ``part_bytes``;
     ``MANIFEST.json``; ``install.py``. ``has`` names what the machine already has (recorded, and checked by
-    ``install.py`` as a note); ``without``, what was left out on purpose (recorded as ``left_out``). The bundle
+    ``install.py`` as a note); ``without``, what was left out on purpose (recorded as ``left_out``); ``cuda``, the
+    machine's CUDA version: a wheel with GPU libraries for many runtimes keeps only those it loads
+    (:func:`slim_wheel`, recorded in its entry as ``slimmed``). The bundle
     is assembled beside ``out`` and moved into place at the end, so a failure leaves an earlier bundle there
     untouched. Returns the manifest."""
     if not re.fullmatch(r"3\.\d+", python):
         raise ValueError(f"--python {python!r}: give the machine's Python as 3.N (e.g. 3.12)")
+    if cuda is not None:
+        parse_cuda(cuda)
     out = Path(out).expanduser().resolve()
     replace = _check_out_folder(out)
     download, build_project = download or pip_download, build_project or pip_wheel_project
@@ -247,8 +322,17 @@ def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_2
             say(f"fetching {requirement or 'the project wheel'}")
             wheel = download(requirement, fetched, python=python, platforms=tags) if requirement \
                 else build_project(fetched)
+            slimmed = None
+            if cuda is not None:
+                (fetched / "slim").mkdir()
+                wheel, slimmed = slim_wheel(Path(wheel), cuda, fetched / "slim")
+                if slimmed:
+                    say(f"{Path(wheel).name}: kept the GPU libraries for CUDA {cuda} "
+                        f"({', '.join(Path(n).name for n in slimmed['kept'])}), left out {len(slimmed['dropped'])}")
             entry = split_file(Path(wheel), staging / "wheels", part_bytes)
             entry["requirement"] = requirement or f"{PROJECT} (built from the repository)"
+            if slimmed:
+                entry["slimmed"] = slimmed
             files.append(entry)
             shutil.rmtree(fetched)
         names = [entry["name"] for entry in files]
@@ -256,7 +340,7 @@ def build_bundle(out, wheels, *, python: str = "3.12", platforms=("manylinux_2_2
             raise RuntimeError(f"two requirements gave the same wheel: {names}")
         manifest = {"format": bundle_install.FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "python": python, "implementation": "cp", "platforms": tags, "part_bytes": part_bytes,
-                    "assumed_on_box": sorted(has), "left_out": sorted(without),
+                    "assumed_on_box": sorted(has), "left_out": sorted(without), "cuda": cuda,
                     "project_commit": git_commit(REPO) if project else None,
                     "files": files}
         (staging / bundle_install.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -277,7 +361,9 @@ def listing(manifest: dict) -> list[str]:
     for entry in manifest["files"]:
         sizes = ", ".join(f"{p['size'] / 2**20:.1f}" for p in entry["parts"])
         lines.append(f"{entry['name']}: {entry['size'] / 2**20:.1f} MiB" +
-                     (f" in {len(entry['parts'])} parts ({sizes} MiB)" if len(entry["parts"]) > 1 else ""))
+                     (f" in {len(entry['parts'])} parts ({sizes} MiB)" if len(entry["parts"]) > 1 else "") +
+                     (f" (GPU libraries for CUDA {entry['slimmed']['cuda']} only; the wheel as published has "
+                      f"{entry['slimmed']['original']['size'] / 2**20:.1f} MiB)" if entry.get("slimmed") else ""))
     total = sum(entry["size"] for entry in manifest["files"])
     count = sum(len(entry["parts"]) for entry in manifest["files"])
     lines.append(f"{len(manifest['files'])} files, {count} to copy besides MANIFEST.json and install.py, "

@@ -234,16 +234,18 @@ def subprocess_runner(argv: Sequence[str]) -> int:
 
 def run_sitting(stages: Sequence[Stage], out: Path, time_limit: float, device: str,
                 runner: Callable[[Sequence[str]], int] = subprocess_runner,
-                clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = print) -> dict:
+                clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = print,
+                machine: dict | None = None) -> dict:
     """Run the stages not done yet, in order, within ``time_limit`` minutes (see the module docstring); each
     finished stage's record is written at once. Returns this sitting's log entry (also appended to
-    ``sitting.json``). ``runner(argv)`` runs one ``prge`` command and returns its exit status."""
+    ``sitting.json``). ``runner(argv)`` runs one ``prge`` command and returns its exit status; ``machine`` (its
+    Python, torch and torch's CUDA version: what the next bundle is built for) goes into the log entry."""
     out = Path(out)
     (out / "stages").mkdir(parents=True, exist_ok=True)
     start = clock()
     entry = {"device": device, "time_limit_min": time_limit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                          time.gmtime()),
-             "stages": []}
+             **({"machine": machine} if machine else {}), "stages": []}
 
     def left() -> float:
         return time_limit - (clock() - start) / 60
@@ -345,11 +347,30 @@ def paired_summary(folder: Path, seeds: Sequence[int] | None = None) -> dict:
     return summary
 
 
-def check_environment(find: Callable[[str], object] = importlib.util.find_spec, device: str = "cuda") -> dict:
+def bitsandbytes_on_gpu() -> str | None:
+    """Why bitsandbytes cannot quantize on this machine's GPU (an NF4 round trip of a small fp16 tensor), or None
+    where it can. A bundle slimmed for another CUDA version (``prge bundle build --cuda``) imports, but has no
+    library to load for this torch's CUDA."""
+    try:
+        import torch
+        import bitsandbytes.functional as bnb_functional
+
+        packed, state = bnb_functional.quantize_4bit(torch.randn(64, 64, device="cuda", dtype=torch.float16),
+                                                     quant_type="nf4")
+        bnb_functional.dequantize_4bit(packed, state)
+        torch.cuda.synchronize()
+    except Exception as err:            # whatever the library raises when its native code is missing or wrong
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
+
+
+def check_environment(find: Callable[[str], object] = importlib.util.find_spec, device: str = "cuda",
+                      quantizes: Callable[[], str | None] = bitsandbytes_on_gpu) -> dict:
     """What the machine has: Python, torch and its CUDA device, the modules the sitting needs, and the
     problems that stop a sitting (each with its fix). A sitting on another ``device`` (a rehearsal of the
-    commands on the CPU, e.g. with a tiny model) needs no CUDA device."""
-    info: dict = {"python": sys.version.split()[0], "modules": {}, "problems": []}
+    commands on the CPU, e.g. with a tiny model) needs no CUDA device. On a GPU, bitsandbytes counts as there
+    only where ``quantizes()`` finds it working (else the INT8/NF4 stages are left out, with a note)."""
+    info: dict = {"python": sys.version.split()[0], "modules": {}, "problems": [], "notes": []}
     for name in (*ON_MACHINE, *PAYLOAD, *OPTIONAL):
         info["modules"][name] = find(name) is not None
     for name in ON_MACHINE:
@@ -367,6 +388,12 @@ def check_environment(find: Callable[[str], object] = importlib.util.find_spec, 
             free, total = torch.cuda.mem_get_info()
             info.update(device=torch.cuda.get_device_name(0), gpu_free_gib=round(free / 2**30, 1),
                         gpu_total_gib=round(total / 2**30, 1))
+            why = quantizes() if info["modules"]["bitsandbytes"] and str(device).startswith("cuda") else None
+            if why:
+                info["modules"]["bitsandbytes"] = False
+                info["notes"].append(f"bitsandbytes is installed but does not quantize on this GPU ({why}); the "
+                                     f"INT8/NF4 stages are left out. A bundle built with --cuda must name this "
+                                     f"torch's CUDA, {torch.version.cuda}")
         elif str(device).startswith("cuda"):
             info["problems"].append("torch sees no CUDA device (a rehearsal on the CPU: --device cpu)")
     return info
