@@ -224,15 +224,7 @@ def slim_wheel(wheel: Path, cuda: str, dest: Path) -> tuple[Path, dict | None]:
                 out.writestr(member, data, compress_type=zipfile.ZIP_DEFLATED)
     kept = sorted(name for name, match in gpu.items() if match and name not in dropped)
     return target, {"cuda": cuda, "kept": kept, "dropped": dropped,
-                    "original": {"size": Path(wheel).stat().st_size, "sha256": _sha256(Path(wheel))}}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+                    "original": {"size": Path(wheel).stat().st_size, "sha256": bundle_install.sha256_of(wheel)}}
 
 
 def part_bytes_of(mib: float) -> int:
