@@ -312,8 +312,40 @@ def test_list_prices_another_device_from_its_results_or_says_it_cannot(tmp_path,
                  "sst2/prge-q4-E16_lr1e-3", "--pack", "8", "--list", *roots]) == 0
     out = capsys.readouterr().out
     assert out.count("packed ×5 (pack 1)") == 5                   # SST-2's five seeds in one pack
-    hours = float(out.split("about ")[1].split(" h")[0])
-    assert hours < 0.2 * cpu_left / 3600
+    amount, unit = out.split("about ")[1].split()[:2]                   # "about 57 min left" or "about 1.2 h left"
+    hours = float(amount) / (60 if unit == "min" else 1)
+    assert unit in ("min", "h") and hours < 0.2 * cpu_left / 3600
+
+
+def test_a_gpu_pack_is_priced_against_the_step_its_solo_gpu_runs_took(tmp_path):
+    """Without a packed result, a GPU pack is priced from the engine benchmark against the configuration the
+    device's solo runs stepped like: its eager per-layer step where solo per-layer fp32 LoRA-FA results exist
+    (the first GPU runs), else its optimised run, times the solo results' median share."""
+    # two solo results on cuda: P-RGE on the per-layer step at a tenth of its CPU price, and on the fused step at
+    # a fiftieth
+    for seed, engine, share in ((0, None, 0.1), (1, "fused", 0.02)):
+        done = rp.grid_cells("table1", "cpu", only=f"sst2/prge-q4-E16_lr1e-3_seed{seed}")[0]
+        _write(done, tmp_path / "res", 0.7, device="cuda")
+        result = json.loads(done.result_path(tmp_path / "res").read_text())
+        result["config"]["engine"] = engine
+        result["step_s"]["median"] = share * rp.step_seconds("sst2", done.config())
+        done.result_path(tmp_path / "res").write_text(json.dumps(result))
+    shares = rp.device_shares("cuda", tmp_path / "res")
+    assert shares["layerwise"] == pytest.approx(0.1) and shares["any"] == pytest.approx(0.06)
+    # the engine benchmark: eager 5 run-steps/s, one optimised run 50, a pack of 8 100
+    bench = {"kind": "engine-bench", "device": "NVIDIA H200", "provenance": {"finished_at": "2026-12-01T00:00:00+0000"},
+             "tasks": {"sst2": {"configs": {name: {"runs": runs, "run_steps_per_s": rate, "width_groups": 1}
+                                            for name, runs, rate in (("eager", 1, 5.0), ("optimised", 1, 50.0),
+                                                                     ("packed-8", 8, 100.0))}}}}
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "engine_bench_sst2.json").write_text(json.dumps(bench))
+    assert rp.bench_pack_shares("cuda", 8, tmp_path / "bench", reference="eager") == pytest.approx([0.05])
+    share, how = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench")
+    assert share == pytest.approx(0.05 * 0.1) and "0.05 of the eager per-layer step's" in how
+    # with no per-layer solo result the optimised run prices it, times the median share of every solo result
+    share, how = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench",
+                                    solo={**shares, "layerwise": None})
+    assert share == pytest.approx(0.5 * 0.06) and "0.5 of an optimised run's step" in how
 
 
 @pytest.mark.parametrize("row", ["mezo-lora-r8-nf4", "prge-q4-E16-nf4", "senszoq-random-s1e-3"])

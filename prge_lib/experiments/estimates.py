@@ -41,6 +41,7 @@ BENCH_LOAD_SECONDS = 4.0
 # one step of the pack costs. Measured where a packed result of that device exists (:func:`pack_step_share`);
 # otherwise this assumption, which claims no gain:
 PACK_ASSUMPTION = "no measured pack on this device: a pack of R priced as R solo steps"
+LORAFA_ZO = ("prge", "mezo-lorafa")      # the methods a pack trains, whose per-layer solo steps price it
 # A cell on another device (``--device cuda``) costs its CPU price times what that device's training results
 # measured: its steps by the median ratio of their step to the CPU step of the same method and task
 # (:func:`device_shares`; a method with no result there takes the median over the methods that have one), its
@@ -190,12 +191,14 @@ def device_kind(config: dict) -> str:
     return str(config.get("device") or "cpu").split(":")[0]
 
 
-def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESULTS) -> list[float]:
-    """A packed run's share of an optimised run's step, from the engine benchmarks (``prge bench --configs``,
-    kind "engine-bench") under ``benches`` made on a ``device`` of this kind: per task, from the newest
-    benchmark of that task (an older one measured an older engine), the optimised run's run-steps per second
-    over the pack's (packs of ``runs`` runs where measured, else every pack measured; one width group and the
-    grids' own step, without -lowp or -compiled). Empty where no benchmark of that device has both."""
+def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESULTS,
+                      reference: str = "optimised") -> list[float]:
+    """A packed run's share of the ``reference`` configuration's step (``optimised``: one run of the fused engine;
+    ``eager``: the per-layer fp32 step), from the engine benchmarks (``prge bench --configs``, kind
+    "engine-bench") under ``benches`` made on a ``device`` of this kind: per task, from the newest benchmark of
+    that task (an older one measured an older engine), the reference's run-steps per second over the pack's
+    (packs of ``runs`` runs where measured, else every pack measured; one width group and the grids' own step,
+    without -lowp or -compiled). Empty where no benchmark of that device has both."""
     newest: dict[str, tuple[str, list[float]]] = {}
     for path in sorted(Path(benches).rglob("*.json")):
         try:
@@ -207,7 +210,7 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
             when = str(bench["provenance"]["finished_at"])
             for task, measured in bench["tasks"].items():
                 records = measured["configs"]
-                alone = records.get("optimised", {}).get("run_steps_per_s")
+                alone = records.get(reference, {}).get("run_steps_per_s")
                 packs = {r["runs"]: r["run_steps_per_s"] for k, r in records.items()
                          if k.startswith("packed-") and r.get("width_groups", 1) == 1 and not r.get("lowp_lora")
                          and not r.get("compiled")
@@ -230,10 +233,13 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
     (:func:`step_seconds`), it is the fraction that carries over to another cell. The median over the packed
     results under ``results`` made on ``device`` is taken, whatever their pack size (a stated simplification:
     a run's share is taken not to depend on R). Without one, the engine benchmarks of that device
-    (:func:`bench_pack_shares`, packs of ``runs`` where measured) give the share of one optimised run's step,
-    which times the device's solo share of a CPU step (``solo``: :func:`device_shares` of ``device``, read here
-    when not given; its median over methods, 1 without solo results there) is the fraction of the CPU price;
-    without benchmarks either: :data:`PACK_ASSUMPTION`, a share of 1."""
+    (:func:`bench_pack_shares`, packs of ``runs`` where measured) give a packed run's share of a step the device's
+    solo training results also took, which times their share of a CPU step (``solo``: :func:`device_shares` of
+    ``device``, read here when not given) is the fraction of the CPU price. Like is set beside like: where solo
+    results ran the per-layer step (``solo["layerwise"]``), the share of the benchmark's eager step, which is that
+    step; else the share of its optimised run times the median solo share over every result (1 without any),
+    which prices a pack too high wherever those results stepped slower than an optimised run. Without benchmarks
+    either: :data:`PACK_ASSUMPTION`, a share of 1."""
     shares = []
     for path in sorted(Path(results).rglob("*.json")):
         try:
@@ -245,15 +251,22 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         except (OSError, ValueError, KeyError, TypeError):     # not a packed training result: not a measure
             continue
     if not shares:
+        solo = solo if solo is not None else device_shares(device, results)
+        eager = bench_pack_shares(device, runs, benches, reference="eager") if solo.get("layerwise") else []
+        if eager:
+            share = statistics.median(eager)
+            return share * solo["layerwise"], (
+                f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(eager)} pack and "
+                f"task pairs) give a packed run {share:.2g} of the eager per-layer step's, the step its solo "
+                f"per-layer results took: {solo['layerwise']:.2g} of the CPU's")
         benched = bench_pack_shares(device, runs, benches)
         if not benched:
             return 1.0, PACK_ASSUMPTION
         share = statistics.median(benched)
-        solo = (solo if solo is not None else device_shares(device, results))["any"]
-        return share * (solo or 1.0), (
+        return share * (solo["any"] or 1.0), (
             f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(benched)} pack and "
             f"task pairs) give a packed run {share:.2g} of an optimised run's step, times "
-            + (f"{solo:.2g}, its solo steps' share of the CPU's" if solo else "1 (no solo result there)"))
+            + (f"{solo['any']:.2g}, its solo steps' share of the CPU's" if solo["any"] else "1 (no solo result there)"))
     share = statistics.median(shares)
     return share, (f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step is "
                    f"{share:.2g} of its solo step")
@@ -262,11 +275,13 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
 def device_shares(device: str, results: Path = RESULTS) -> dict:
     """What training on ``device`` costs as a fraction of this CPU's price, from the solo (unpacked) training
     results made there: {"steps": {method: median of step / CPU step}, "any": that median over every method (None
-    without results), "eval": median of evaluation seconds / their CPU price (None without), "count": results
+    without results), "layerwise": the same over the P-RGE and MeZO (LoRA-FA) results that ran the per-layer fp32
+    step (None without), "eval": median of evaluation seconds / their CPU price (None without), "count": results
     read, "how": where the figures come from}. On "cpu" every share is 1."""
     if device == "cpu":
-        return {"steps": {}, "any": 1.0, "eval": 1.0, "count": 0, "how": "this CPU's measured steps"}
-    steps, evals = {}, []
+        return {"steps": {}, "any": 1.0, "eval": 1.0, "count": 0, "layerwise": None,
+                "how": "this CPU's measured steps"}
+    steps, evals, layerwise = {}, [], []
     for path in sorted(Path(results).rglob("*.json")):
         try:
             result = read_if_present(path)
@@ -274,19 +289,22 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
             if device_kind(config) != device or result.get("packed") or not step or "same_run_as" in result:
                 continue
             steps.setdefault(config["method"], []).append(step / step_seconds(result["task"], config))
+            if config["method"] in LORAFA_ZO and config.get("engine", "layerwise") in (None, "layerwise") \
+                    and config.get("dtype", "fp32") == "fp32":
+                layerwise.append(steps[config["method"]][-1])
             price = len(result["evals"]) * EVAL_SECONDS * evaluation_factor(result["task"])
             evals.append(result["elapsed_s"]["eval_s"] / price)
         except (OSError, ValueError, KeyError, TypeError):     # not a training result: not a measure
             continue
     if not steps:
-        return {"steps": {}, "any": None, "eval": None, "count": 0, "how": DEVICE_ASSUMPTION}
+        return {"steps": {}, "any": None, "eval": None, "count": 0, "layerwise": None, "how": DEVICE_ASSUMPTION}
     every = [share for shares in steps.values() for share in shares]
     by_method = {method: statistics.median(shares) for method, shares in steps.items()}
     how = (f"{len(every)} solo training results on {device} ({', '.join(sorted(by_method))}): a step costs "
            + ", ".join(f"{by_method[m]:.2g}" for m in sorted(by_method)) + " of its CPU step, other methods the "
            f"median {statistics.median(every):.2g}; an evaluation {statistics.median(evals):.2g} of its CPU time")
     return {"steps": by_method, "any": statistics.median(every), "eval": statistics.median(evals),
-            "count": len(every), "how": how}
+            "count": len(every), "layerwise": statistics.median(layerwise) if layerwise else None, "how": how}
 
 
 def device_step_share(shares: dict, method: str) -> float:
