@@ -248,6 +248,22 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
     assert not (tmp_path / "sitting.json").exists()
 
 
+
+def test_an_int8_nf4_stage_asked_for_where_bitsandbytes_cannot_quantize_leaves_the_others_running(tmp_path, capsys,
+                                                                                                   monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_sitting", REPO / "tools" / "gpu_sitting.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    checked = sitting.check_environment(device="cpu")
+    monkeypatch.setattr(sitting, "check_environment", lambda device: {
+        **checked, "modules": {**checked["modules"], "bitsandbytes": False}, "notes": ["bitsandbytes cannot"]})
+    assert script.main(["--out", str(tmp_path), "--only", "flat-q-engines,table13-nf4", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "table13-nf4 is left out: bitsandbytes does not quantize on this machine" in captured.err
+    assert "1. flat-q-engines" in captured.out and "table13-nf4 (" not in captured.out
+    assert script.main(["--out", str(tmp_path), "--only", "table13-nf5", "--dry-run"]) == 2     # a typo still stops
+
+
 def test_the_paired_stage_is_summarized_from_its_result_files(tmp_path):
     """The paired runs written by a fake runner: the stage's record carries fp16 against fp32, recomputed here."""
     stages = {s.name: s for s in sitting.sitting_stages(tmp_path, paired_steps=3)}
