@@ -317,6 +317,18 @@ def test_list_prices_another_device_from_its_results_or_says_it_cannot(tmp_path,
     assert unit in ("min", "h") and hours < 0.2 * cpu_left / 3600
 
 
+def test_list_says_which_rows_the_time_left_goes_to(tmp_path):
+    cells = rp.grid_cells("table1", "paper", only="sst2", device="cuda")
+    listing = rp.list_cells(cells, tmp_path, tmp_path / "ck", pack=8, totals_only=True)
+    line, = [line for line in listing.splitlines() if line.startswith("left by row: ")]
+    priced = rp.price_cells(cells, tmp_path, tmp_path / "ck", 8)["seconds"]
+    rows = {key: sum(s for c, s in zip(cells, priced) if c.row.key == key) for key in {c.row.key for c in cells}}
+    named = [item.split(" ")[0] for item in line.removeprefix("left by row: ").split(", ")]
+    assert named == sorted((k for k in rows if rows[k]), key=lambda k: -rows[k])    # largest first
+    one_row = rp.grid_cells("table1", "paper", only="sst2/prge-q4", device="cuda")
+    assert "left by row" not in rp.list_cells(one_row, tmp_path, tmp_path / "ck", pack=8)
+
+
 def test_a_gpu_pack_is_priced_against_the_step_its_solo_gpu_runs_took(tmp_path):
     """Without a packed result, a GPU pack is priced from the engine benchmark against the configuration the
     device's solo runs stepped like: its eager per-layer step where solo per-layer fp32 LoRA-FA results exist

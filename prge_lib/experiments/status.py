@@ -124,6 +124,13 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     lines.append(f"{done}/{len(cells)} done" + (f" and {twins} made by another grid (adopted when this one runs)"
                                                  if twins else "") + f"; about {_hours(sum(priced['seconds']))} left "
                  f"({basis})")
+    by_row: dict[str, float] = {}          # where the time goes, largest first, where several rows are left
+    for cell, seconds in zip(cells, priced["seconds"]):
+        if seconds:
+            by_row[cell.row.key] = by_row.get(cell.row.key, 0.0) + seconds
+    if len(by_row) > 1:
+        lines.append("left by row: " + ", ".join(f"{key} {_hours(seconds)}" for key, seconds in
+                                                 sorted(by_row.items(), key=lambda item: -item[1])))
     training = [cell.config() for cell, st in zip(cells, priced["states"])
                 if cell.kind == "train" and st["state"] in ("partial", "missing", "running")]
     if training and step_note:
