@@ -90,7 +90,8 @@ def hardware() -> dict:
             info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
     except OSError:
         pass
-    if torch.cuda.is_available():       # the device, and the CUDA version torch was built with (what bitsandbytes loads)
+    # the device, and the CUDA version torch was built with (the one bitsandbytes loads a library for)
+    if torch.cuda.is_available():
         info["cuda"], info["cuda_runtime"] = torch.cuda.get_device_name(0), torch.version.cuda
     return info
 

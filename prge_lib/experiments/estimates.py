@@ -21,6 +21,7 @@ from prge_lib.experiments.grids import GRIDS
 from prge_lib.experiments.results import read_if_present
 from prge_lib.experiments.summaries import processors_of
 from prge_lib.methods import registry
+from prge_lib.training.config import IDENTITY_LEGACY
 
 # Seconds per training step of each method come from the committed result files (:func:`measured_step_seconds`):
 # SST-2 cells of the grids at the method's Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples), on the CPU at
@@ -289,7 +290,7 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
             if device_kind(config) != device or result.get("packed") or not step or "same_run_as" in result:
                 continue
             steps.setdefault(config["method"], []).append(step / step_seconds(result["task"], config))
-            if config["method"] in LORAFA_ZO and config.get("engine", "layerwise") in (None, "layerwise") \
+            if config["method"] in LORAFA_ZO and (config.get("engine") or IDENTITY_LEGACY["engine"]) == "layerwise" \
                     and config.get("dtype", "fp32") == "fp32":
                 layerwise.append(steps[config["method"]][-1])
             price = len(result["evals"]) * EVAL_SECONDS * evaluation_factor(result["task"])
