@@ -352,12 +352,12 @@ def test_a_gpu_pack_is_priced_against_the_step_its_solo_gpu_runs_took(tmp_path):
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "engine_bench_sst2.json").write_text(json.dumps(bench))
     assert rp.bench_pack_shares("cuda", 8, tmp_path / "bench", reference="eager") == pytest.approx([0.05])
-    share, how = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench")
-    assert share == pytest.approx(0.05 * 0.1) and "0.05 of the eager per-layer step's" in how
+    share, how, basis = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench")
+    assert share == pytest.approx(0.05 * 0.1) and "0.05 of the eager per-layer step's" in how and basis == "eager"
     # with no per-layer solo result the optimised run prices it, times the median share of every solo result
-    share, how = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench",
-                                    solo={**shares, "layerwise": None})
-    assert share == pytest.approx(0.5 * 0.06) and "0.5 of an optimised run's step" in how
+    share, how, basis = rp.pack_step_share("cuda", tmp_path / "res", runs=8, benches=tmp_path / "bench",
+                                           solo={**shares, "layerwise": None})
+    assert share == pytest.approx(0.5 * 0.06) and "0.5 of an optimised run's step" in how and basis == "optimised"
 
 
 @pytest.mark.parametrize("row", ["mezo-lora-r8-nf4", "prge-q4-E16-nf4", "senszoq-random-s1e-3"])

@@ -206,7 +206,8 @@ def test_list_marks_the_cells_priced_as_packed(fixture_data, tiny_folder, tmp_pa
     done.result_path(tmp_path / "res").write_text(json.dumps(measured))
     assert rp.pack_step_share("cpu", tmp_path / "res")[0] == pytest.approx(0.5)
     # another device, without packed results or engine benchmarks of its own
-    assert rp.pack_step_share("cuda", tmp_path / "res", benches=tmp_path / "res")[1] == rp.PACK_ASSUMPTION
+    assert rp.pack_step_share("cpu", tmp_path / "res").basis == "measured"
+    assert rp.pack_step_share("cuda", tmp_path / "res", benches=tmp_path / "res") == (1.0, rp.PACK_ASSUMPTION, "assumed")
     listing = rp.list_cells(cells, tmp_path / "res", tmp_path / "ck", pack=3)
     assert "measured on cpu in 1 packed results" in listing.splitlines()[-1]
     assert listing.count("packed ×2") == 2                                  # the two cells left share a pack
@@ -268,6 +269,6 @@ def test_without_a_packed_result_a_gpu_pack_is_priced_from_the_engine_benchmark(
     assert sorted(rp.bench_pack_shares("cuda", 8, tmp_path)) == pytest.approx([0.5, 0.8])   # newest SST-2: 70/140
     assert sorted(rp.bench_pack_shares("cuda", 16, tmp_path)) == pytest.approx([0.4, 0.5, 0.8])  # no 16: every pack
     assert rp.bench_pack_shares("cpu", 8, tmp_path) == pytest.approx([0.25])
-    share, how = rp.pack_step_share("cuda", tmp_path / "no-results", runs=8, benches=tmp_path)
-    assert share == pytest.approx(0.65) and "engine benchmarks" in how and "0.65" in how
-    assert rp.pack_step_share("mps", tmp_path / "no-results", runs=8, benches=tmp_path)[1] == rp.PACK_ASSUMPTION
+    share, how, basis = rp.pack_step_share("cuda", tmp_path / "no-results", runs=8, benches=tmp_path)
+    assert share == pytest.approx(0.65) and "engine benchmarks" in how and "0.65" in how and basis == "optimised"
+    assert rp.pack_step_share("mps", tmp_path / "no-results", runs=8, benches=tmp_path).basis == "assumed"

@@ -10,6 +10,7 @@ import os
 import random
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import cpu_name
@@ -42,6 +43,16 @@ BENCH_LOAD_SECONDS = 4.0
 # one step of the pack costs. Measured where a packed result of that device exists (:func:`pack_step_share`);
 # otherwise this assumption, which claims no gain:
 PACK_ASSUMPTION = "no measured pack on this device: a pack of R priced as R solo steps"
+PACK_BASES = ("measured", "eager", "optimised", "assumed")
+
+
+class PackShare(NamedTuple):
+    """What a packed cell's steps cost as a fraction of its solo CPU steps (:func:`pack_step_share`): ``share``;
+    ``how``, a sentence saying where it comes from; ``basis``, which of :data:`PACK_BASES` priced it (packed
+    results of the device, its engine benchmark against the eager or the optimised step, or the assumption)."""
+    share: float
+    how: str
+    basis: str
 LORAFA_ZO = ("prge", "mezo-lorafa")      # the methods a pack trains, whose per-layer solo steps price it
 # A cell on another device (``--device cuda``) costs its CPU price times what that device's training results
 # measured: its steps by the median ratio of their step to the CPU step of the same method and task
@@ -226,8 +237,9 @@ def bench_pack_shares(device: str, runs: int | None = None, benches: Path = RESU
 
 
 def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = None,
-                    benches: Path = RESULTS, solo: dict | None = None) -> tuple[float, str]:
-    """(What a packed cell's steps cost, as a fraction of its solo steps; where that figure comes from).
+                    benches: Path = RESULTS, solo: dict | None = None) -> PackShare:
+    """What a packed cell's steps cost, as a fraction of its solo steps, where that figure comes from and on which
+    basis (:class:`PackShare`).
 
     Measured: a packed result records its pack's step (``step_s`` of a packed run is the whole pack's step)
     and the pack's size R, so one run's share of a step is the median step / R; divided by that run's solo step
@@ -256,21 +268,22 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         eager = bench_pack_shares(device, runs, benches, reference="eager") if solo.get("layerwise") else []
         if eager:
             share = statistics.median(eager)
-            return share * solo["layerwise"], (
+            return PackShare(share * solo["layerwise"], (
                 f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(eager)} pack and "
                 f"task pairs) give a packed run {share:.2g} of the eager per-layer step's, the step its solo "
-                f"per-layer results took: {solo['layerwise']:.2g} of the CPU's")
+                f"per-layer results took: {solo['layerwise']:.2g} of the CPU's"), "eager")
         benched = bench_pack_shares(device, runs, benches)
         if not benched:
-            return 1.0, PACK_ASSUMPTION
+            return PackShare(1.0, PACK_ASSUMPTION, "assumed")
         share = statistics.median(benched)
-        return share * (solo["any"] or 1.0), (
+        return PackShare(share * (solo["any"] or 1.0), (
             f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(benched)} pack and "
             f"task pairs) give a packed run {share:.2g} of an optimised run's step, times "
-            + (f"{solo['any']:.2g}, its solo steps' share of the CPU's" if solo["any"] else "1 (no solo result there)"))
+            + (f"{solo['any']:.2g}, its solo steps' share of the CPU's" if solo["any"] else "1 (no solo result there)")),
+            "optimised")
     share = statistics.median(shares)
-    return share, (f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step is "
-                   f"{share:.2g} of its solo step")
+    return PackShare(share, f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step "
+                            f"is {share:.2g} of its solo step", "measured")
 
 
 def device_shares(device: str, results: Path = RESULTS) -> dict:

@@ -28,6 +28,7 @@ from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, checkpoint_root, grid_cells, grid_folder
 from prge_lib.experiments.estimates import (ASSUMED_SECONDS_PER_STEP, BENCH_LOAD_SECONDS, BENCH_STEP_SECONDS,
                                             DEVICE_ASSUMPTION, EVAL_SECONDS, LOCAL_MIN_RUNS, PACK_ASSUMPTION,
+                                            PACK_BASES, PackShare,
                                             bench_pack_shares, device_shares, estimate_seconds, evaluation_factor,
                                             measured_step_seconds, pack_step_share, prompt_length_factor,
                                             step_basis, step_measure, step_seconds)
@@ -57,7 +58,7 @@ __all__ = [
     "RESULTS",
     "Cell", "checkpoint_root", "grid_cells", "grid_folder",
     "ASSUMED_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS",
-    "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "device_shares", "estimate_seconds", "evaluation_factor",
+    "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "PACK_BASES", "PackShare", "device_shares", "estimate_seconds", "evaluation_factor",
     "LOCAL_MIN_RUNS", "measured_step_seconds", "pack_step_share", "bench_pack_shares", "prompt_length_factor",
     "step_basis", "step_measure",
     "step_seconds",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell
-from prge_lib.experiments.estimates import (PACK_ASSUMPTION, device_kind, device_shares, device_step_share,
-                                            estimate_seconds, lm_seconds, pack_step_share, step_basis)
+from prge_lib.experiments.estimates import (device_kind, device_shares, device_step_share, estimate_seconds,
+                                            lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
 from prge_lib.experiments.results import ResultFileError, result_differs, twin_result
@@ -49,7 +49,7 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
 
 def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> dict:
     """What ``--list`` shows, as data: {"states": each cell's :func:`cell_status`, "seconds": each cell's time left,
-    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: (share, how)} of the packed cells,
+    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: :class:`~prge_lib.experiments.estimates.PackShare`} of the packed cells,
     "elsewhere": {device: :func:`~prge_lib.experiments.estimates.device_shares`} for the devices other than the
     CPU}. With ``pack`` > 1 the cells the runner would train in packs (:func:`~prge_lib.experiments.packs.
     plan_packs` of the partial and missing cells) are priced by their share of the pack's step
@@ -135,9 +135,9 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
                 if cell.kind == "train" and st["state"] in ("partial", "missing", "running")]
     if training and step_note:
         lines.append(step_basis(training))
-    for device, (_, how) in priced["pack_shares"].items():
+    for device, priced_pack in priced["pack_shares"].items():
         count = sum(cell.name in packed and device_kind(cell.config()) == device for cell in cells)
-        lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {how})")
+        lines.append(f"{count} cells on {device} priced as packed (packs of up to {pack}; {priced_pack.how})")
     for device, measured in elsewhere.items():
         lines.append(f"cells on {device} priced from {measured['how']}")
     if priced["bench_measured"]:
@@ -158,8 +158,8 @@ def _shares(cell: Cell, packed: dict, pack_shares: dict, elsewhere: dict) -> tup
         device_step_share(measured, cell.config().get("method", ""))
     evaluation = 1.0 if measured is None or measured["eval"] is None else measured["eval"]
     if cell.name in packed:
-        share, how = pack_shares[device]
-        return (step if how == PACK_ASSUMPTION else share), evaluation
+        priced_pack = pack_shares[device]
+        return (step if priced_pack.basis == "assumed" else priced_pack.share), evaluation
     return step, evaluation
 
 
