@@ -246,6 +246,9 @@ def test_the_script_prints_the_plan(tmp_path, capsys):
     assert script.main(["--out", str(tmp_path), "--only", "nope", "--dry-run"]) == 2
     assert script.main(["--out", str(tmp_path), "--time-limit", "8"]) == 2    # no GPU here: refused, nothing run
     assert not (tmp_path / "sitting.json").exists()
+    # a carry plan asked of a folder that holds no bundle: refused with the command that builds one
+    assert script.main(["--carry-plan", str(tmp_path / "no-bundle")]) == 2
+    assert "no payload bundle" in capsys.readouterr().err
 
 
 

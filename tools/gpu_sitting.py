@@ -37,6 +37,10 @@ def tree_mib() -> float:
 
 def carry_plan(bundle: Path, limit_mib: float) -> int:
     """Print the copies that bring the payload bundle ``bundle`` to the machine, each within ``limit_mib``."""
+    if not (bundle / "MANIFEST.json").is_file():
+        print(f"gpu_sitting: {bundle} is no payload bundle (no MANIFEST.json there); build one first with "
+              f"'prge bundle build --out {bundle}' (README, \"A GPU sitting\")", file=sys.stderr)
+        return 2
     manifest = json.loads((bundle / "MANIFEST.json").read_text())
     tree = tree_mib()
     calls = sitting.carry_calls(manifest, limit_mib, tree + 1)     # 1 MiB of room for what a copy adds
