@@ -17,9 +17,12 @@ def _count(grid, profile, **kw):
 
 
 def test_cell_counts_per_grid_profile_and_stage():
-    # Table 1, paper: zero-shot 3 seeds; FO and FO LoRA-FA 3 rates x 3 seeds; MeZO (Full) 6 rates x 3 seeds; the
-    # three ZO LoRA-FA rows 4 rates x (5 seeds on SST-2 and RTE, 3 on the other four tasks)
-    assert _count("table1", "paper") == 6 * (3 + 9 + 9 + 18) + 3 * 4 * (2 * 5 + 4 * 3)
+    # Table 1, paper: zero-shot 3 seeds; FO and FO LoRA-FA 3 rates x 3 seeds; MeZO (Full) sweeps 6 rates at one
+    # seed, then confirms 3 seeds at its best (2 beyond the sweep's); the three ZO LoRA-FA rows 4 rates x (5 seeds
+    # on SST-2 and RTE, 3 on the other four tasks)
+    assert _count("table1", "paper") == 6 * (3 + 9 + 9 + 6) + 3 * 4 * (2 * 5 + 4 * 3)
+    assert len(rp.confirm_estimate_cells("table1", "paper")) == 6 * 2
+    assert {c.row.key for c in rp.confirm_estimate_cells("table1", "paper")} == {"mezo-E16"}
     assert _count("table1", "cpu") == 78                      # the cpu profile as its committed results ran
     # Table 7: App. B's four rates in LoRA, LoRA-FA and DoRA, seven for VeRA, 3 seeds each
     assert _count("peft", "paper") == 3 * (4 + 4 + 4 + 7)
@@ -249,7 +252,56 @@ def test_the_confirm_stage_is_refused_before_the_sweep_has_results(tmp_path, cap
     assert "36 cells beyond the sweep's own (each row's confirm seeds at its best rate); 1/36 done" in \
         capsys.readouterr().out
     assert main(["reproduce", "table1", "--stage", "confirm", "--list", *roots]) == 2
-    assert "grid 'table1' has one stage; the two-stage grids are ['senszoq']" in capsys.readouterr().err
+    assert "grid 'table1' has two-stage rows only under the profile paper, not 'cpu'" in capsys.readouterr().err
+    assert main(["reproduce", "peft", "--profile", "paper", "--stage", "confirm", "--list", *roots]) == 2
+    assert "grid 'peft' has one stage; the grids with two-stage rows are ['table1', 'senszoq']" in \
+        capsys.readouterr().err
+
+
+def test_table1s_mezo_full_sweeps_then_confirms_while_its_other_rows_run_every_cell(tmp_path, capsys):
+    """Table 1 on the paper profile mixes the stages: MeZO (Full) sweeps its rates at one seed, stops once its best
+    is bracketed and confirms three seeds there; the ZO LoRA-FA rows beside it run every rate at every seed,
+    whatever their results, and choose their rate on the mean validation score of all of them."""
+    mezo = rp.grid_cells("table1", "paper", only="sst2/mezo-E16")
+    assert {c.seed for c in mezo} == {0} and len(mezo) == 6
+    assert {r.key for r in rp.staged_rows("table1", "paper")} == {"mezo-E16"} and not rp.staged_rows("table1", "cpu")
+    ran = {1e-6: 0.60, 5e-6: 0.70, 1e-5: 0.65}
+    for cell in mezo:
+        if cell.lr in ran:
+            _write(cell, tmp_path, ran[cell.lr], start=0.55)
+    # the ZO LoRA-FA row's seed 0 alone brackets 1e-4, but it is no two-stage row: nothing of it is left out
+    q4 = rp.grid_cells("table1", "paper", only="sst2/prge-q4")
+    for cell in q4:
+        if cell.seed == 0 and cell.lr in (5e-5, 1e-4, 5e-4):
+            _write(cell, tmp_path, {5e-5: 0.60, 1e-4: 0.70, 5e-4: 0.65}[cell.lr], start=0.55)
+    plan = rp.stage_plan("table1", "paper", only="sst2/mezo-E16|sst2/prge-q4", results=tmp_path)
+    assert list(plan.beyond) == [("sst2", "mezo-E16")]
+    assert sorted(c.lr for c in plan.cells if c.row.key == "mezo-E16") == sorted(ran)
+    assert [c.name for c in plan.cells if c.row.key == "prge-q4-E16"] == [c.name for c in q4]   # all, in order
+    ordered = rp.sweep_order(plan.cells, rp.read_sweep("table1", "paper", results=tmp_path).runs)
+    assert [c.name for c in ordered if c.row.key == "prge-q4-E16"] == [c.name for c in q4]
+    skip = rp.sweep_skip(rp.grid_cells("table1", "paper"), tmp_path)
+    assert skip(next(c for c in mezo if c.lr == 5e-5)).startswith("not needed: sst2/mezo-E16: lr 5e-6 is bracketed")
+    assert all(skip(c) is None for c in q4)
+    confirm = rp.stage_cells("table1", "paper", "confirm", only="sst2/", results=tmp_path)
+    assert [(c.row.key, c.lr, c.seed) for c in confirm] == [("mezo-E16", 5e-6, s) for s in (0, 1, 2)]
+    assert confirm[1].command() == ("prge reproduce table1 --profile paper --only sst2/mezo-E16_lr5e-6_seed1 "
+                                    "--stage confirm")
+    # confirming seeds that score low at the chosen rate do not move it; the ZO LoRA-FA row's choice is the mean
+    # over its seeds: seed 1 at 5e-4 lifts that rate past 1e-4
+    for cell, val in zip(confirm[1:], (0.50, 0.52)):
+        _write(cell, tmp_path, val, start=0.55)
+    _write(next(c for c in q4 if c.seed == 1 and c.lr == 5e-4), tmp_path, 0.90, start=0.55)
+    records = {r["row"]: r for r in rp.summarize("table1", tmp_path, "paper")}
+    assert records["mezo-E16"]["lr"] == 5e-6 and records["mezo-E16"]["n"] == 3
+    assert records["mezo-E16"]["lrs_bracket"] == [1e-6, 1e-5] and records["prge-q4-E16"]["lrs_bracket"] == []
+    assert records["prge-q4-E16"]["lr"] == 5e-4 and records["prge-q4-E16"]["n"] == 2
+    roots = ["--results-dir", str(tmp_path), "--checkpoint-root", str(tmp_path / "ck")]
+    assert main(["reproduce", "table1", "--profile", "paper", "--only", "sst2/", "--list", *roots]) == 0
+    out = capsys.readouterr().out
+    assert "not needed: sst2/mezo-E16: lr 5e-6 is bracketed by 1e-6 and 1e-5" in out
+    assert "then --stage confirm, which waits for this sweep: 12 cells beyond the sweep's own" in out
+    assert "not bracketed" not in out and "did not train" not in out
 
 
 def test_the_confirm_stage_runs_the_rows_whose_sweep_is_done_and_names_the_others(tmp_path, capsys,
@@ -501,7 +553,7 @@ def test_seeds_beyond_the_plan_are_named_as_a_second_look(tmp_path):
     for cell in planned + extra:
         _write(cell, tmp_path, 0.7)
     record = next(r for r in rp.summarize("senszoq", tmp_path) if r["row"] == "senszoq-c4-s1e-3")
-    assert record["seeds"] == sorted({0, 4, *rp.GRIDS["senszoq"]["confirm_seeds"]["cpu"]})
+    assert record["seeds"] == sorted({0, 4, *rp.CONFIRM_SEEDS["cpu"]})
     assert record["added_seeds"] == [4]
     _, md_path = rp.write_summary("senszoq", tmp_path)
     assert "run after a first look at a comparison (the chapters' tests count the looks): SensZOQ (c4 mask, " \

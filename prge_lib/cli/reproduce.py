@@ -45,7 +45,7 @@ def run_reproduce(args) -> int:
     # --pack's default: DEFAULT_GPU_PACK on a GPU with the local backend, else 1 (no packs, as before --pack)
     pack = rp.check_pack_size(args.pack) if args.pack is not None else \
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
-    rp.check_stage(args.grid, args.stage)
+    rp.check_stage(args.grid, args.stage, args.profile)
     try:
         cells, waiting, beyond, added = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only,
                                                       args.model, results=roots["results"],
@@ -69,10 +69,10 @@ def run_reproduce(args) -> int:
         if waiting:
             print(f"the whole confirm stage (a row still sweeping priced at a stand-in rate): "
                   f"{_confirm_totals(rp, args, pack, roots, overrides, step_note=False)}")
-        if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
+        if args.stage == "sweep" and rp.staged_rows(args.grid, args.profile):
             totals = _confirm_totals(rp, args, pack, roots, overrides, step_note=False)  # given just above
             print(f"then --stage confirm, which waits for this sweep: {totals}")
-            runs = rp.sweep_runs(cells, roots["results"])       # read once for both notes
+            runs = rp.sweep_runs([c for c in cells if c.row.staged(c.profile)], roots["results"])  # read once for both
             for edge in rp.sweep_edges(args.grid, args.profile, rp.best_rates(cells, runs=runs).rates,
                                        rp.stalled_rows(cells, runs=runs)):
                 print(f"not bracketed: {edge}")
@@ -91,9 +91,9 @@ def run_reproduce(args) -> int:
             raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
         deadline = time.time() + 60 * args.time_limit
     needed = None
-    if args.stage == "sweep" and "confirm_seeds" in rp.GRIDS[args.grid]:
-        # a two-stage sweep: the rates likeliest to bracket each row's best first, and a cell that a bracket made
-        # unneeded meanwhile left out
+    if args.stage == "sweep" and rp.staged_rows(args.grid, args.profile):
+        # a sweep with two-stage rows: their rates likeliest to bracket each row's best first, and a cell that a
+        # bracket made unneeded meanwhile left out
         sweep, runs, _ = rp.read_sweep(args.grid, args.profile, args.model, roots["results"], **overrides)
         cells = rp.sweep_order(cells, runs)
         needed = rp.sweep_skip(sweep, roots["results"])
@@ -143,11 +143,11 @@ def reproduce_options(rp) -> None:
     rp.add_argument("--profile", default="cpu", choices=PROFILES,
                     help="cpu: a budget for a 2-core CPU; paper: Gao et al. App. C (default cpu)")
     rp.add_argument("--stage", default="sweep", choices=STAGES,
-                    help="a two-stage grid (senszoq): sweep runs each row over its learning-rate grid, confirm runs "
-                    "the confirm seeds at each row's best sweep rate, for the rows whose sweep has chosen it (all "
-                    "its results, or its best rate bracketed by two lower neighbours, which stops that row's sweep) "
-                    "(the others are named; refused when no row selected is ready) (default sweep: the cells of "
-                    "any other grid)")
+                    help="two-stage rows (senszoq's; table1's MeZO (Full) on the paper profile): sweep runs each "
+                    "row over its learning-rate grid, confirm runs the confirm seeds at each row's best sweep rate, "
+                    "for the rows whose sweep has chosen it (all its results, or its best rate bracketed by two "
+                    "lower neighbours, which stops that row's sweep) (the others are named; refused when no row "
+                    "selected is ready) (default sweep: also every cell of the one-stage rows)")
     rp.add_argument("--only", default=None,
                     help="run the cells whose name contains this text (comma-separated: all must match; "
                          "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")

@@ -84,7 +84,7 @@ class Cell:
     def _own_seeds(self) -> tuple:
         """The seeds the cell's grid gives its row and task in its stage (a cell of another seed needs --seeds)."""
         if self.stage == "confirm":
-            return tuple(GRIDS[self.grid]["confirm_seeds"][self.profile])
+            return tuple(self.row.confirm_seeds[self.profile])
         return self.row.planned_seeds(self.profile, self.task)
 
 

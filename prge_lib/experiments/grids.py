@@ -4,8 +4,9 @@ its learning rates and seeds) over a list of tasks, with the step counts and eva
 Profiles: ``paper`` is App. C (20k ZO steps, 1k FO steps, the full learning-rate grids, 3 seeds, 5 on SST-2 and
 RTE for Table 1's ZO LoRA-FA rows); ``cpu`` fits a 2-core CPU (1000 ZO steps, 500 FO steps, one learning rate per
 row; 3 seeds for the ZO LoRA-FA rows of Table 1, where the paper's claim lives, 1 elsewhere). Chapter 7 states
-both; chapters 8 and 9 run the ``alternatives`` grid. The ``senszoq`` grid (chapter 8) runs in two stages, a
-learning-rate sweep and a confirmation at each row's best rate (:mod:`prge_lib.experiments.stages`).
+both; chapters 8 and 9 run the ``alternatives`` grid. The rows of the ``senszoq`` grid (chapter 8), and Table 1's
+MeZO (Full) on the paper profile, run in two stages, a learning-rate sweep and a confirmation at each row's best
+rate (:attr:`Row.confirm_seeds`, :mod:`prge_lib.experiments.stages`).
 """
 from __future__ import annotations
 
@@ -30,9 +31,17 @@ class Row:
     lrs: dict = field(default_factory=dict)        # profile -> learning rates searched
     seeds: dict = field(default_factory=dict)      # profile -> seeds
     task_seeds: dict = field(default_factory=dict)  # profile -> {task: seeds}, where a task runs other seeds
+    # profile -> the seeds run at the row's best sweep rate: a two-stage row under that profile, whose ``seeds``
+    # sweep its grid first (prge_lib.experiments.stages)
+    confirm_seeds: dict = field(default_factory=dict)
 
     def __hash__(self):
         return hash(self.key)
+
+    def staged(self, profile: str) -> bool:
+        """Whether this row runs in two stages under ``profile``: a sweep of its grid, then its confirm seeds at
+        the best rate (:mod:`~prge_lib.experiments.stages`)."""
+        return profile in self.confirm_seeds
 
     def seeds_for(self, profile: str, task: str) -> tuple:
         """The seeds this row runs on ``task`` under ``profile``: the task's own where it has some, else the
@@ -42,6 +51,12 @@ class Row:
     def planned_seeds(self, profile: str, task: str) -> tuple:
         """:meth:`seeds_for`, or () where the row plans no seeds under ``profile``."""
         return self.seeds_for(profile, task) if profile in self.seeds else ()
+
+
+def staged_rows(grid: str, profile: str | None = None) -> tuple[Row, ...]:
+    """The rows of ``grid`` that run in two stages under ``profile`` (under any profile where None)."""
+    return tuple(row for row in GRIDS[grid]["rows"]
+                 if (row.confirm_seeds if profile is None else row.staged(profile)))
 
 
 def lr_text(lr: float) -> str:
@@ -96,15 +111,22 @@ ZERO_SHOT = Row("zeroshot", "Zero-shot", "zeroshot", seeds=_SEEDS_1)
 # columns chapter 7 discusses, where three seeds left the rows' spreads overlapping) and three elsewhere
 _ZO_LORAFA_TASK_SEEDS = {"paper": {"sst2": (0, 1, 2, 3, 4), "rte": (0, 1, 2, 3, 4)}}
 # MeZO (Full): App. C's grid {1e-7, 5e-7, 1e-6}, then larger rates, so that on this model one of them trains or
-# the grid shows that none does (at 1000 steps on the cpu profile 1e-6 stayed at the zero-shot score)
+# the grid shows that none does (at 1000 steps on the cpu profile 1e-6 stayed at the zero-shot score). On the
+# paper profile it runs in two stages, as the senszoq grid does: one seed sweeps the rates, stopping once its best
+# is bracketed, then the confirm seeds run at the rate the sweep chose. It is no part of Table 1's claim (the ZO LoRA-FA rows, which run every rate at every seed), and
+# it perturbs every weight of its own model copy, so no pack shares its steps: at 6 rates x 3 seeds its solo cells
+# would be most of the table's GPU time
 _MEZO_FULL_LRS = {"paper": (1e-7, 5e-7, 1e-6, 5e-6, 1e-5, 5e-5), "cpu": (1e-6,)}
+_MEZO_FULL_SEEDS = {"paper": (0,), "cpu": (0,)}
+_MEZO_FULL_CONFIRM = {"paper": (0, 1, 2)}
 TABLE1_ROWS = (
     ZERO_SHOT,
     Row("fo", "FO-Adam (Full)", "fo", {"batch_size": 8},
         {"paper": (1e-5, 5e-5, 8e-5), "cpu": (1e-5,)}, _SEEDS_1),
     Row("fo-lorafa", "FO-Adam (LoRA-FA)", "fo-lorafa", {"batch_size": 8},
         {"paper": (1e-4, 3e-4, 5e-4), "cpu": (3e-4,)}, _SEEDS_1),
-    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3}, _MEZO_FULL_LRS, _SEEDS_1),
+    Row("mezo-E16", "MeZO (Full)", "mezo", {"q": 1, "E": 16, "eps": 1e-3}, _MEZO_FULL_LRS, _MEZO_FULL_SEEDS,
+        confirm_seeds=_MEZO_FULL_CONFIRM),
     Row("mezo-lorafa-E16", "MeZO (LoRA-FA)", "mezo-lorafa", {"q": 1, "E": 16, "eps": 1e-2},
         _ZO_LORAFA_LRS, _SEEDS_3, _ZO_LORAFA_TASK_SEEDS),
     Row("prge-q4-E16", "P-RGE (q = 4)", "prge", {"q": 4, "E": 16, "eps": 1e-2}, _ZO_LORAFA_LRS, _SEEDS_3,
@@ -178,15 +200,17 @@ SENSZOQ_ROWS = tuple(
     Row(f"senszoq-{mask}-s{lr_text(sparsity)}", f"SensZOQ ({mask} mask, {100 * sparsity:g}%)", "senszoq",
         {"mask": mask, "sparsity": sparsity, "mask_scope": "layer", "q": 1, "E": 16, "eps": 1e-3},
         # the cpu profile: every other rate of the paper's grid (a 1000-step preview, not run here)
-        {"paper": lrs, "cpu": lrs[::2]}, _SWEEP_SEEDS)
+        {"paper": lrs, "cpu": lrs[::2]}, _SWEEP_SEEDS, confirm_seeds=CONFIRM_SEEDS)
     for (mask, sparsity), lrs in _MASK_SWEEP.items()
 ) + (
     Row("mezo-lora-r8-nf4", "ZO-SGD (LoRA r 8, NF4 base)", "mezo",
         {"adapter": "lora", "r": 8, "alpha": 16, "quant": "nf4", "q": 1, "E": 16, "eps": 1e-3},
-        {"paper": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3), "cpu": (1e-5, 1e-4, 1e-3)}, _SWEEP_SEEDS),
+        {"paper": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3), "cpu": (1e-5, 1e-4, 1e-3)}, _SWEEP_SEEDS,
+        confirm_seeds=CONFIRM_SEEDS),
     Row("prge-q4-E16-nf4", "P-RGE (q = 4, NF4 base)", "prge", {"quant": "nf4", "q": 4, "E": 16, "eps": 1e-2},
         # cpu: 3e-3 added once 1e-3 validated best, at the grid's edge, so that the sweep brackets its rate
-        {"paper": (5e-5, 1e-4, 5e-4, 1e-3, 3e-3), "cpu": (1e-4, 1e-3, 3e-3)}, _SWEEP_SEEDS),
+        {"paper": (5e-5, 1e-4, 5e-4, 1e-3, 3e-3), "cpu": (1e-4, 1e-3, 3e-3)}, _SWEEP_SEEDS,
+        confirm_seeds=CONFIRM_SEEDS),
 )
 # Song and Tang Fig. 1 (MeBP, seed 004; chapter 9): ZO against MeBP on WikiText-2 language modelling, per step
 # and per second, one cell training every method on one stream of windows (prge_lib.experiments.bench.lm_curves).
@@ -209,9 +233,9 @@ GRIDS = {
     "memory": {"tasks": ("synthetic",), "rows": BENCH_ROWS["memory"], "seq_lens": (64, 128, 256),
                "source": "Gao et al. Fig. 7; ACL version Table 3"},
     "fig1": {"tasks": ("wikitext2",), "rows": LM_ROWS, "source": "Song and Tang Fig. 1 (MeBP, seed 004)"},
-    # two stages (prge_lib.experiments.stages): "sweep" runs the rows' seeds over their grids, "confirm" runs
-    # CONFIRM_SEEDS at each row's best sweep rate, into the same folder
-    "senszoq": {"tasks": ("sst2", "rte"), "rows": SENSZOQ_ROWS, "confirm_seeds": CONFIRM_SEEDS,
+    # two stages for every row (prge_lib.experiments.stages): "sweep" runs the rows' seeds over their grids,
+    # "confirm" runs CONFIRM_SEEDS at each row's best sweep rate, into the same folder
+    "senszoq": {"tasks": ("sst2", "rte"), "rows": SENSZOQ_ROWS,
                 "source": "Guo et al. Fig. 6a and Table 9 (masks, each at its own rate); their Table 1's ZO LoRA "
                           "on the same 4-bit base; P-RGE on that base"},
 }

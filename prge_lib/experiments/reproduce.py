@@ -34,7 +34,8 @@ from prge_lib.experiments.estimates import (ASSUMED_SECONDS_PER_STEP, BENCH_LOAD
                                             step_basis, step_measure, step_seconds)
 from prge_lib.experiments.grids import (ALTERNATIVE_ROWS, BENCH_ROWS, CONFIRM_SEEDS, EVAL_EVERY, GRIDS, LM_STEPS,
                                         PEFT_ROWS, PROFILES, SENSZOQ_ROWS, STAGES, STEPS, TABLE1_ROWS,
-                                        TABLE2_LITE_ROWS, ZERO_SHOT, Bracket, Row, bracket, lr_text)
+                                        TABLE2_LITE_ROWS, ZERO_SHOT, Bracket, Row, bracket, lr_text,
+                                        staged_rows)
 from prge_lib.experiments.locks import LOCK_WAIT_S, CellBusy, cell_holder, cell_lock
 from prge_lib.experiments.packs import check_pack_size, pack_key, plan_packs, step_shape
 from prge_lib.experiments.results import (ResultFileError, cell_matches, check_file_cell, conflicting_results,
@@ -58,13 +59,14 @@ __all__ = [
     "RESULTS",
     "Cell", "checkpoint_root", "grid_cells", "grid_folder",
     "ASSUMED_SECONDS_PER_STEP", "BENCH_LOAD_SECONDS", "BENCH_STEP_SECONDS", "EVAL_SECONDS",
-    "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "PACK_BASES", "PackShare", "device_shares", "estimate_seconds", "evaluation_factor",
+    "DEVICE_ASSUMPTION", "PACK_ASSUMPTION", "PACK_BASES", "PackShare", "device_shares", "estimate_seconds",
+    "evaluation_factor",
     "LOCAL_MIN_RUNS", "measured_step_seconds", "pack_step_share", "bench_pack_shares", "prompt_length_factor",
     "step_basis", "step_measure",
     "step_seconds",
     "ALTERNATIVE_ROWS", "BENCH_ROWS", "CONFIRM_SEEDS", "EVAL_EVERY", "GRIDS", "LM_STEPS", "PEFT_ROWS", "PROFILES",
     "SENSZOQ_ROWS", "STAGES", "STEPS", "TABLE1_ROWS", "TABLE2_LITE_ROWS", "ZERO_SHOT", "Bracket", "Row", "bracket",
-    "lr_text",
+    "lr_text", "staged_rows",
     "LOSS_WINDOW", "Refinement", "StagePlan", "Sweep", "SweepChoice", "SweepLeftOut", "SweepNotDone", "best_rates",
     "bracket_text", "check_stage", "confirm_estimate_cells", "confirm_waiting", "read_sweep", "refined_cells",
     "refinement_text", "stability_rates", "stage_cells", "stage_plan", "stalled_rows", "sweep_cells", "sweep_edges",

@@ -78,7 +78,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
     with fine buckets), 6. the fp32-vs-fp16 paired SST-2 runs (``paired_seeds``, then ``more_paired_seeds``: three
     seeds before a claim), 7. Table 1's core comparison at the paper profile (zero-shot and the ZO LoRA-FA rows
     of SST-2, then RTE: the paper's claim, before MeZO (Full)'s long solo cells), 8. MeBP's Fig. 1 (WikiText-2
-    curves) at the paper profile, 9. the rest of Table 1's paper-profile cells in packs.
+    curves) at the paper profile, 9. the rest of Table 1's paper-profile cells in packs, then MeZO (Full)'s confirm
+    seeds.
     Why this order: the measurements of the paper's GPU claims (2-4) take about half an hour in all, while the
     paper-profile cells (7-9) are priced in hundreds of GPU hours (``prge reproduce table1 --profile paper --list``),
     far beyond a few sittings of minutes; the engine's speed-ups (5) and the fp16 decision (6) serve only
@@ -144,8 +145,9 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                "--out", str(out / "flat_q" / "fp16_L{seq_len}.json"), *common),)
 
     kept = ("--checkpoint-root", str(checkpoints))
-    table1 = (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--results-dir", results, *kept,
-               *common),)
+    # the rest of Table 1, then the confirm seeds of MeZO (Full), its two-stage row, at the rate its sweep chose
+    table1 = tuple(("reproduce", "table1", "--profile", "paper", "--pack", "8", *stage, "--results-dir", results,
+                    *kept, *common) for stage in ((), ("--stage", "confirm")))
 
     def table1_zo(task: str) -> tuple[tuple[str, ...], ...]:
         # Table 1's core comparison first: zero-shot and the ZO LoRA-FA rows (MeZO q 1, P-RGE q 4 and 16) of one
@@ -185,7 +187,8 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                   "(checkpointed: it crosses sittings)", 28.0,
                   (("reproduce", "fig1", "--profile", "paper", "--results-dir", results, *kept, *common),),
                   resumable=True),
-            Stage("table1-paper-packed", "Table 1, paper profile, packs of 8", 600.0, table1, resumable=True)]
+            Stage("table1-paper-packed", "Table 1, paper profile, packs of 8, then MeZO (Full)'s confirm seeds", 600.0,
+                  table1, resumable=True)]
 
 
 def is_done(stage: Stage, out: Path) -> bool:

@@ -1,7 +1,9 @@
-"""Two-stage grids (chapter 8's ``senszoq`` grid): a *sweep* stage runs each row's seeds over its learning-rate
-grid; a *confirm* stage runs the grid's ``confirm_seeds`` at the rate each (task, row) reached its best
-validation score in the sweep (Gao et al. §4.1's selection, made once on the sweep so that the confirming seeds
-cannot move it). A row's sweep stops early once its results bracket its best rate (both neighbours in the grid
+"""Two-stage rows (every row of chapter 8's ``senszoq`` grid; Table 1's MeZO (Full) on the paper profile): a
+*sweep* stage runs each row's seeds over its learning-rate grid; a *confirm* stage runs the row's
+``confirm_seeds`` at the rate each (task, row) reached its best validation score in the sweep (Gao et al. §4.1's
+selection, made once on the sweep so that the confirming seeds cannot move it). In a grid that mixes them, the
+one-stage rows run every rate at every seed in the sweep stage, as a one-stage grid's do, and nothing of this
+module (brackets, added rates, the confirm stage) touches them. A row's sweep stops early once its results bracket its best rate (both neighbours in the grid
 ran and scored lower, :func:`~prge_lib.experiments.grids.bracket`): the rates further out are left out, and its
 confirm seeds start. Both stages write into the grid's one folder: the confirm cell of the sweep's seed at the
 chosen rate is the sweep's own cell, already done.
@@ -21,7 +23,7 @@ from typing import Iterable, NamedTuple
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
-from prge_lib.experiments.grids import GRIDS, STAGES, best_rate, lr_text
+from prge_lib.experiments.grids import GRIDS, STAGES, best_rate, lr_text, staged_rows
 from prge_lib.experiments.results import read_result
 from prge_lib.experiments.summaries import left_zero_shot, trained_bracket
 
@@ -41,14 +43,19 @@ class SweepLeftOut(ValueError):
     """The sweep stage asked for cells that a bracket has left out, and no others (:func:`stage_plan`)."""
 
 
-def check_stage(grid: str, stage: str) -> str:
-    """``stage`` if ``grid`` has it: every grid has "sweep" (its cells), a grid with ``confirm_seeds`` also
-    "confirm"; else a ValueError naming what is allowed."""
+def check_stage(grid: str, stage: str, profile: str | None = None) -> str:
+    """``stage`` if ``grid`` has it (under ``profile``, where given): every grid has "sweep" (its cells), a grid
+    with two-stage rows (:meth:`~prge_lib.experiments.grids.Row.staged`) also "confirm"; else a ValueError naming
+    what is allowed."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose one of {list(STAGES)}")
-    if stage == "confirm" and "confirm_seeds" not in GRIDS[grid]:
-        staged = [g for g, spec in GRIDS.items() if "confirm_seeds" in spec]
-        raise ValueError(f"--stage confirm: grid {grid!r} has one stage; the two-stage grids are {staged}")
+    if stage == "confirm" and not staged_rows(grid, profile):
+        if staged_rows(grid):
+            profiles = sorted({p for row in staged_rows(grid) for p in row.confirm_seeds})
+            raise ValueError(f"--stage confirm: grid {grid!r} has two-stage rows only under the profile "
+                             f"{' and '.join(profiles)}, not {profile!r}")
+        staged = [g for g in GRIDS if staged_rows(g)]
+        raise ValueError(f"--stage confirm: grid {grid!r} has one stage; the grids with two-stage rows are {staged}")
     return stage
 
 
@@ -63,7 +70,7 @@ def sweep_runs(sweep: Iterable[Cell], results: Path = RESULTS) -> dict[tuple, li
 
 
 class SweepChoice(NamedTuple):
-    """What a two-stage grid's sweep has chosen so far (:func:`best_rates`): ``rates``, {(task, row key): its best
+    """What the sweep of a grid's two-stage rows has chosen so far (:func:`best_rates`): ``rates``, {(task, row key): its best
     rate}; ``missing``, the sweep cells without a result of the rows not chosen yet; ``beyond``, {(task, row key):
     (its :class:`~prge_lib.experiments.grids.Bracket`, the sweep cells it no longer needs)} for each row chosen
     before its whole grid ran."""
@@ -128,8 +135,12 @@ def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict |
         centre = best_rate(scores) if scores else elsewhere[0] if elsewhere else grid[len(grid) // 2]
         centres[task, key] = grid.index(centre) if centre in grid else len(grid) // 2
 
+    position = {cell.name: i for i, cell in enumerate(cells)}
+
     def place(cell: Cell) -> tuple:
         key = (cell.task, cell.row.key)
+        if not cell.row.staged(cell.profile):         # a one-stage row runs its cells in the grid's order
+            return rows.index(key), 0, position[cell.name], cell.seed
         here = grids[key].index(cell.lr) if cell.lr in grids[key] else len(grids[key])
         return rows.index(key), abs(here - centres[key]), here, cell.seed
 
@@ -138,11 +149,12 @@ def sweep_order(cells: Iterable[Cell], runs: dict[tuple, list[tuple[Cell, dict |
 
 def sweep_skip(sweep: Iterable[Cell], results: Path = RESULTS):
     """For the runner (``run_grid``'s ``needed``): a function that says, from the results on disk at that moment,
-    why a cell of ``sweep`` (the whole two-stage sweep) is no longer needed (:func:`bracket_text`: its row's best
-    rate has been bracketed since the grid started), or None where it still is."""
+    why a cell of ``sweep`` (the whole sweep) is no longer needed (:func:`bracket_text`: its two-stage row's best
+    rate has been bracketed since the grid started), or None where it still is (every cell of a one-stage row)."""
     by_row: dict[tuple, list[Cell]] = {}
     for cell in sweep:
-        by_row.setdefault((cell.task, cell.row.key), []).append(cell)
+        if cell.row.staged(cell.profile):
+            by_row.setdefault((cell.task, cell.row.key), []).append(cell)
 
     def why_not(cell: Cell) -> str | None:
         key = (cell.task, cell.row.key)
@@ -282,7 +294,7 @@ def refinement_text(key: tuple, found: tuple) -> str:
 
 
 class Sweep(NamedTuple):
-    """A two-stage grid's whole sweep (:func:`read_sweep`): its ``cells``, their ``runs`` (:func:`sweep_runs`) and
+    """A grid's whole sweep (:func:`read_sweep`): its ``cells``, their ``runs`` (:func:`sweep_runs`) and
     ``added``, the rows that :func:`refined_cells` widened."""
     cells: list[Cell]
     runs: dict[tuple, list[tuple[Cell, dict | None]]]
@@ -291,11 +303,12 @@ class Sweep(NamedTuple):
 
 def read_sweep(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
                **overrides) -> Sweep:
-    """The whole sweep of the two-stage ``grid``, each result under ``results`` read once: the grid's cells
+    """The whole sweep of ``grid``, each result of its two-stage rows under ``results`` read once: the grid's cells
     (:func:`~prge_lib.experiments.cells.grid_cells`) and after them the cells :func:`refined_cells` adds to its
-    stalled rows."""
+    stalled rows. ``runs`` holds the two-stage rows only: the one-stage rows' cells are all run, whatever their
+    results."""
     cells = grid_cells(grid, profile, None, None, model, **overrides)
-    runs = sweep_runs(cells, results)
+    runs = sweep_runs([cell for cell in cells if cell.row.staged(profile)], results)
     added = refined_cells(cells, results, runs)
     for key, (_, extra) in added.items():
         cells += [cell for cell, _ in extra]
@@ -306,9 +319,9 @@ def read_sweep(grid: str, profile: str = "cpu", model: str | None = None, result
 def sweep_cells(grid: str, profile: str = "cpu", seeds: Iterable[int] | None = None, only: str | None = None,
                 model: str | None = None, results: Path = RESULTS, **overrides) -> list[Cell]:
     """The sweep of ``grid`` (``seeds`` replacing every row's seeds), selected by ``only`` as
-    :func:`~prge_lib.experiments.cells.grid_cells` selects: in a two-stage grid with the rates
-    :func:`refined_cells` adds to its stalled rows from the results under ``results`` (:func:`read_sweep`)."""
-    if "confirm_seeds" not in GRIDS[grid]:
+    :func:`~prge_lib.experiments.cells.grid_cells` selects: where it has two-stage rows, with the rates
+    :func:`refined_cells` adds to those that stalled, from the results under ``results`` (:func:`read_sweep`)."""
+    if not staged_rows(grid, profile):
         return grid_cells(grid, profile, seeds, only, model, **overrides)
     return _selected(read_sweep(grid, profile, model, results, **overrides), grid, profile, seeds, only, model,
                      overrides)
@@ -342,14 +355,15 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
                **overrides) -> StagePlan:
     """The cells of ``grid``'s ``stage`` and the rows still waiting or bracketed, from one reading of the sweep's
     results. The sweep is :func:`sweep_cells` (the grid's cells, and the rates a stalled row's training loss adds,
-    whose rows ``added`` names), less, in a two-stage grid, the cells of rows whose best rate is bracketed already (:func:`best_rates`), which
-    ``beyond`` names; the confirm stage is, per (task, row) whose sweep has chosen its rate, the confirm seeds (or
-    ``seeds``) at that rate; a row still sweeping has none yet and is named in ``waiting``. :class:`SweepNotDone`
+    whose rows ``added`` names), less the cells of two-stage rows whose best rate is bracketed already
+    (:func:`best_rates`), which ``beyond`` names; the confirm stage is, per two-stage (task, row) whose sweep has
+    chosen its rate, its confirm seeds (or ``seeds``) at that rate; a row still sweeping has none yet and is named
+    in ``waiting``. :class:`SweepNotDone`
     when no row that ``only`` selects is ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects
     lies beyond a bracket."""
-    check_stage(grid, stage)
+    check_stage(grid, stage, profile)
     if stage == "sweep":
-        if "confirm_seeds" not in GRIDS[grid]:
+        if not staged_rows(grid, profile):
             return StagePlan(grid_cells(grid, profile, seeds, only, model, **overrides), {}, {}, {})
         sweep = read_sweep(grid, profile, model, results, **overrides)
         wanted = _selected(sweep, grid, profile, seeds, only, model, overrides)
@@ -395,14 +409,14 @@ def confirm_waiting(grid: str, profile: str = "cpu", only: str | None = None, mo
 
 def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tuple[list[Cell], dict, int]:
     """(the confirm cells that ``only`` selects of the rows whose sweep has chosen its rate, {(task, row key): the sweep
-    cells without a result} of the selected rows still sweeping, the sweep's number of cells)."""
+    cells without a result} of the selected rows still sweeping, the number of the sweep's cells of two-stage rows)."""
     sweep, runs, _ = read_sweep(grid, profile, model, results, **overrides)
     choice = best_rates(sweep, runs=runs)
     rates, missing = choice.rates, choice.missing
-    confirm = tuple(GRIDS[grid]["confirm_seeds"][profile]) if seeds is None else tuple(seeds)
     cells, waiting = [], {}
     for task in GRIDS[grid]["tasks"]:
-        for row in GRIDS[grid]["rows"]:
+        for row in staged_rows(grid, profile):
+            confirm = tuple(row.confirm_seeds[profile]) if seeds is None else tuple(seeds)
             if (task, row.key) in rates:
                 cells += row_cells(grid, profile, task, row, (rates[task, row.key],), confirm, model, "confirm",
                                    **overrides)
@@ -412,7 +426,7 @@ def _confirm_rows(grid, profile, seeds, only, model, results, overrides) -> tupl
                 unnamed = [SimpleNamespace(name=c.name.replace(f"_lr{lr_text(c.lr)}", "")) for c in stand_in]
                 if select(unnamed, only):
                     waiting[task, row.key] = [c for c in missing if (c.task, c.row.key) == (task, row.key)]
-    return select(cells, only), waiting, len(sweep)
+    return select(cells, only), waiting, sum(len(row) for row in runs.values())
 
 
 def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = None, results: Path = RESULTS,
@@ -422,9 +436,8 @@ def confirm_estimate_cells(grid: str, profile: str = "cpu", model: str | None = 
     its rate (from the results under ``results``) at that rate, so that its done cells count as done; any other
     row at its grid's first rate, a stand-in (a cell's time does not depend on its rate)."""
     rates = best_rates((), runs=read_sweep(grid, profile, model, results, **overrides).runs).rates
-    confirm = GRIDS[grid]["confirm_seeds"][profile]
-    return [cell for task in GRIDS[grid]["tasks"] for row in GRIDS[grid]["rows"]
+    return [cell for task in GRIDS[grid]["tasks"] for row in staged_rows(grid, profile)
             for cell in row_cells(grid, profile, task, row,
                                   (rates[task, row.key],) if (task, row.key) in rates else row.lrs[profile][:1],
-                                  [s for s in confirm if s not in row.seeds_for(profile, task)], model, "confirm",
-                                  **overrides)]
+                                  [s for s in row.confirm_seeds[profile] if s not in row.seeds_for(profile, task)],
+                                  model, "confirm", **overrides)]

@@ -212,9 +212,9 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
                              f"counts {sorted(planned)}; keep one count per folder (--results-dir)")
         spec = next((x for x in GRIDS.get(grid, {}).get("rows", ()) if x.key == row), None)
         candidates = list(by_lr.items())
-        if "confirm_seeds" in GRIDS.get(grid, {}):       # ties to the smaller rate, as the confirm stage chose
+        if spec is not None and spec.staged(profile):   # ties to the smaller rate, as the confirm stage chose
             candidates.sort(key=lambda kv: (kv[0] is not None, kv[0] or 0))
-        lr, runs = max(candidates, key=lambda kv: _selection_score(grid, profile, task, spec, kv[1]))
+        lr, runs = max(candidates, key=lambda kv: _selection_score(profile, task, spec, kv[1]))
         runs = sorted(runs, key=lambda r: r["seed"])
         tests = [100 * r["best_val"]["test"] for r in runs]
         vals = [100 * r["best_val"]["val"] for r in runs]
@@ -231,9 +231,9 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "test_min": round(min(tests), 2), "test_max": round(max(tests), 2),
             "lrs_tried": sorted(k for k in by_lr if k is not None),
             "lrs_planned": [] if zero_shot or spec is None else sorted(spec.lrs.get(profile, ())),
-            "lrs_bracket": [] if zero_shot else _sweep_bracket(grid, profile, task, spec, by_lr),
-            "lrs_added": [] if zero_shot else _sweep_added(grid, profile, spec, by_lr),
-            "added_seeds": [] if zero_shot else added_seeds(grid, profile, task, spec, [r["seed"] for r in runs]),
+            "lrs_bracket": [] if zero_shot else _sweep_bracket(profile, task, spec, by_lr),
+            "lrs_added": [] if zero_shot else _sweep_added(profile, spec, by_lr),
+            "added_seeds": [] if zero_shot else added_seeds(profile, task, spec, [r["seed"] for r in runs]),
             "lrs_trained": _rates_that_trained(by_lr),
             "train_min": round(statistics.fmean(seconds) / 60, 1) if None not in seconds else None,
             "device": "+".join(devices),
@@ -248,13 +248,13 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
     return records
 
 
-def added_seeds(grid: str, profile: str, task: str, spec, seeds: list[int]) -> list[int]:
+def added_seeds(profile: str, task: str, spec, seeds: list[int]) -> list[int]:
     """The seeds of a row's runs beyond what its grid plans for ``profile`` (the row's seeds, and a two-stage
-    grid's confirm seeds): seeds added after a first look at a comparison, whose tests count the looks
+    row's confirm seeds): seeds added after a first look at a comparison, whose tests count the looks
     (:func:`~prge_lib.experiments.stats.compare_scores`); [] for a row no grid names."""
     if spec is None or profile not in spec.seeds:
         return []
-    planned = set(spec.planned_seeds(profile, task)) | set(GRIDS[grid].get("confirm_seeds", {}).get(profile, ()))
+    planned = set(spec.planned_seeds(profile, task)) | set(spec.confirm_seeds.get(profile, ()))
     return sorted(set(seeds) - planned)
 
 
@@ -270,28 +270,28 @@ def trained_bracket(sweep_runs: dict[float, list[dict]], grid_lrs) -> Bracket | 
     return found
 
 
-def _sweep_bracket(grid: str, profile: str, task: str, spec, by_lr: dict) -> list[float]:
+def _sweep_bracket(profile: str, task: str, spec, by_lr: dict) -> list[float]:
     """[lower, upper]: the neighbours that bracket a two-stage row's chosen rate in its sweep
     (:func:`trained_bracket` of its sweep seeds' runs), which let its sweep stop early; [] where they do not, or in
-    a one-stage grid (whose rows run their whole grid)."""
-    if "confirm_seeds" not in GRIDS.get(grid, {}) or spec is None or profile not in spec.lrs:
+    a one-stage row (which runs its whole grid)."""
+    if spec is None or not spec.staged(profile) or profile not in spec.lrs:
         return []
     found = trained_bracket({lr: _sweep_seeds(profile, task, spec, runs) for lr, runs in by_lr.items()
                              if lr is not None}, spec.lrs[profile])
     return [] if found is None else [found.lower, found.upper]
 
 
-def _sweep_added(grid: str, profile: str, spec, by_lr: dict) -> list[float]:
+def _sweep_added(profile: str, spec, by_lr: dict) -> list[float]:
     """The rates of a two-stage row's runs beyond its grid for ``profile``: those its sweep added where its training
     loss turned from falling to rising (:func:`~prge_lib.experiments.stages.refined_cells`, the only cells of such a
-    grid off its rates); [] in a one-stage grid."""
-    if "confirm_seeds" not in GRIDS.get(grid, {}) or spec is None or profile not in spec.lrs:
+    row off its rates); [] for a one-stage row."""
+    if spec is None or not spec.staged(profile) or profile not in spec.lrs:
         return []
     return sorted(lr for lr in by_lr if lr is not None and lr not in spec.lrs[profile])
 
 
 def _sweep_seeds(profile: str, task: str, spec, runs: list[dict]) -> list[dict]:
-    """The runs of a two-stage grid's row ``spec`` that its sweep made (its planned seeds), not its confirm seeds;
+    """The runs of a two-stage row ``spec`` that its sweep made (its planned seeds), not its confirm seeds;
     [] for a row no grid names."""
     sweep = spec.planned_seeds(profile, task) if spec is not None else ()
     return [r for r in runs if r["seed"] in sweep]
@@ -306,11 +306,11 @@ def _rates_that_trained(by_lr: dict) -> list[float] | None:
     return sorted(lr for lr, flags in moved.items() if any(flags))
 
 
-def _selection_score(grid: str, profile: str, task: str, spec, runs: list[dict]) -> float:
-    """The mean validation score a learning rate is chosen by: over all its runs, or in a two-stage grid
-    (:mod:`~prge_lib.experiments.stages`) over the sweep seeds' runs of its row ``spec`` only, the choice the
-    confirm stage was run at (a rate the sweep lacks scores nothing)."""
-    if "confirm_seeds" in GRIDS.get(grid, {}):
+def _selection_score(profile: str, task: str, spec, runs: list[dict]) -> float:
+    """The mean validation score a learning rate is chosen by: over all its runs, or for a two-stage row ``spec``
+    (:mod:`~prge_lib.experiments.stages`) over its sweep seeds' runs only, the choice the confirm stage was run at
+    (a rate the sweep lacks scores nothing)."""
+    if spec is not None and spec.staged(profile):
         runs = _sweep_seeds(profile, task, spec, runs)
         if not runs:
             return float("-inf")
