@@ -207,7 +207,8 @@ def test_list_marks_the_cells_priced_as_packed(fixture_data, tiny_folder, tmp_pa
     assert rp.pack_step_share("cpu", tmp_path / "res")[0] == pytest.approx(0.5)
     # another device, without packed results or engine benchmarks of its own
     assert rp.pack_step_share("cpu", tmp_path / "res").basis == "measured"
-    assert rp.pack_step_share("cuda", tmp_path / "res", benches=tmp_path / "res") == (1.0, rp.PACK_ASSUMPTION, "assumed")
+    assert rp.pack_step_share("cuda", tmp_path / "res", benches=tmp_path / "res") == \
+        (1.0, rp.PACK_ASSUMPTION, "assumed")
     listing = rp.list_cells(cells, tmp_path / "res", tmp_path / "ck", pack=3)
     assert "measured on cpu in 1 packed results" in listing.splitlines()[-1]
     assert listing.count("packed ×2") == 2                                  # the two cells left share a pack

@@ -276,11 +276,10 @@ def pack_step_share(device: str, results: Path = RESULTS, runs: int | None = Non
         if not benched:
             return PackShare(1.0, PACK_ASSUMPTION, "assumed")
         share = statistics.median(benched)
+        times = f"{solo['any']:.2g}, its solo steps' share of the CPU's" if solo["any"] else "1 (no solo result there)"
         return PackShare(share * (solo["any"] or 1.0), (
             f"no packed result on {device}; its engine benchmarks (prge bench --configs, {len(benched)} pack and "
-            f"task pairs) give a packed run {share:.2g} of an optimised run's step, times "
-            + (f"{solo['any']:.2g}, its solo steps' share of the CPU's" if solo["any"] else "1 (no solo result there)")),
-            "optimised")
+            f"task pairs) give a packed run {share:.2g} of an optimised run's step, times {times}"), "optimised")
     share = statistics.median(shares)
     return PackShare(share, f"measured on {device} in {len(shares)} packed results: a cell's share of a pack step "
                             f"is {share:.2g} of its solo step", "measured")

@@ -113,9 +113,9 @@ _ZO_LORAFA_TASK_SEEDS = {"paper": {"sst2": (0, 1, 2, 3, 4), "rte": (0, 1, 2, 3, 
 # MeZO (Full): App. C's grid {1e-7, 5e-7, 1e-6}, then larger rates, so that on this model one of them trains or
 # the grid shows that none does (at 1000 steps on the cpu profile 1e-6 stayed at the zero-shot score). On the
 # paper profile it runs in two stages, as the senszoq grid does: one seed sweeps the rates, stopping once its best
-# is bracketed, then the confirm seeds run at the rate the sweep chose. It is no part of Table 1's claim (the ZO LoRA-FA rows, which run every rate at every seed), and
-# it perturbs every weight of its own model copy, so no pack shares its steps: at 6 rates x 3 seeds its solo cells
-# would be most of the table's GPU time
+# is bracketed, then the confirm seeds run at the rate the sweep chose. It is no part of Table 1's claim (the ZO
+# LoRA-FA rows, which run every rate at every seed), and it perturbs every weight of its own model copy, so no pack
+# shares its steps: at 6 rates x 3 seeds its solo cells would be most of the table's GPU time
 _MEZO_FULL_LRS = {"paper": (1e-7, 5e-7, 1e-6, 5e-6, 1e-5, 5e-5), "cpu": (1e-6,)}
 _MEZO_FULL_SEEDS = {"paper": (0,), "cpu": (0,)}
 _MEZO_FULL_CONFIRM = {"paper": (0, 1, 2)}

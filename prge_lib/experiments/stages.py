@@ -3,10 +3,10 @@
 ``confirm_seeds`` at the rate each (task, row) reached its best validation score in the sweep (Gao et al. §4.1's
 selection, made once on the sweep so that the confirming seeds cannot move it). In a grid that mixes them, the
 one-stage rows run every rate at every seed in the sweep stage, as a one-stage grid's do, and nothing of this
-module (brackets, added rates, the confirm stage) touches them. A row's sweep stops early once its results bracket its best rate (both neighbours in the grid
-ran and scored lower, :func:`~prge_lib.experiments.grids.bracket`): the rates further out are left out, and its
-confirm seeds start. Both stages write into the grid's one folder: the confirm cell of the sweep's seed at the
-chosen rate is the sweep's own cell, already done.
+module (brackets, added rates, the confirm stage) touches them. A row's sweep stops early once its results bracket
+its best rate (both neighbours in the grid ran and scored lower, :func:`~prge_lib.experiments.grids.bracket`): the
+rates further out are left out, and its confirm seeds start. Both stages write into the grid's one folder: the
+confirm cell of the sweep's seed at the chosen rate is the sweep's own cell, already done.
 
 A row whose whole sweep stayed at zero-shot has no validation peak to bracket, so its training loss places the
 rates it still needs (:func:`stability_rates`): where a profile runs every other rate of the paper's grid, the
@@ -70,10 +70,10 @@ def sweep_runs(sweep: Iterable[Cell], results: Path = RESULTS) -> dict[tuple, li
 
 
 class SweepChoice(NamedTuple):
-    """What the sweep of a grid's two-stage rows has chosen so far (:func:`best_rates`): ``rates``, {(task, row key): its best
-    rate}; ``missing``, the sweep cells without a result of the rows not chosen yet; ``beyond``, {(task, row key):
-    (its :class:`~prge_lib.experiments.grids.Bracket`, the sweep cells it no longer needs)} for each row chosen
-    before its whole grid ran."""
+    """What the sweep of a grid's two-stage rows has chosen so far (:func:`best_rates`): ``rates``, {(task, row
+    key): its best rate}; ``missing``, the sweep cells without a result of the rows not chosen yet; ``beyond``,
+    {(task, row key): (its :class:`~prge_lib.experiments.grids.Bracket`, the sweep cells it no longer needs)} for
+    each row chosen before its whole grid ran."""
     rates: dict
     missing: list[Cell]
     beyond: dict
@@ -358,9 +358,8 @@ def stage_plan(grid: str, profile: str = "cpu", stage: str = "sweep", seeds: Ite
     whose rows ``added`` names), less the cells of two-stage rows whose best rate is bracketed already
     (:func:`best_rates`), which ``beyond`` names; the confirm stage is, per two-stage (task, row) whose sweep has
     chosen its rate, its confirm seeds (or ``seeds``) at that rate; a row still sweeping has none yet and is named
-    in ``waiting``. :class:`SweepNotDone`
-    when no row that ``only`` selects is ready; :class:`SweepLeftOut` when every sweep cell that ``only`` selects
-    lies beyond a bracket."""
+    in ``waiting``. :class:`SweepNotDone` when no row that ``only`` selects is ready; :class:`SweepLeftOut` when
+    every sweep cell that ``only`` selects lies beyond a bracket."""
     check_stage(grid, stage, profile)
     if stage == "sweep":
         if not staged_rows(grid, profile):

@@ -49,7 +49,8 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
 
 def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> dict:
     """What ``--list`` shows, as data: {"states": each cell's :func:`cell_status`, "seconds": each cell's time left,
-    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: :class:`~prge_lib.experiments.estimates.PackShare`} of the packed cells,
+    "packed": {cell name: (pack size, pack number)}, "pack_shares": {device: its
+    :class:`~prge_lib.experiments.estimates.PackShare`} of the packed cells,
     "elsewhere": {device: :func:`~prge_lib.experiments.estimates.device_shares`} for the devices other than the
     CPU}. With ``pack`` > 1 the cells the runner would train in packs (:func:`~prge_lib.experiments.packs.
     plan_packs` of the partial and missing cells) are priced by their share of the pack's step
