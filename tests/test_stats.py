@@ -120,6 +120,24 @@ def test_seeds_needed_matches_the_standard_power_tables():
     assert stats.paired([80, 60, 75], [70, 71, 69])["sd"] == pytest.approx(statistics.stdev([10, -11, 6]))
 
 
+def test_seeds_needed_plans_at_the_level_the_test_was_held_to():
+    # a test over three looks is held to alpha 0.05 / 3: the same gap and spread need more seeds than at 0.05
+    # (d = 1 paired: 14 pairs instead of 10; Welch: 23 a side instead of 17), and the count is where the power at
+    # that level first reaches 0.8
+    three_looks = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69}, looks=3)
+    assert three_looks["alpha"] == pytest.approx(stats.ALPHA / 3)
+    at_level = stats.seeds_needed({"sd": 1.0, "alpha": three_looks["alpha"]}, 1.0)
+    assert at_level == 14 > stats.seeds_needed({"sd": 1.0}, 1.0)
+    assert stats.power(1.0, 1 / math.sqrt(14), 13, stats.ALPHA / 3) >= 0.8 > stats.power(1.0, 1 / math.sqrt(13), 12,
+                                                                                         stats.ALPHA / 3)
+    assert stats.seeds_needed({"sd": (1.0, 1.0), "alpha": stats.ALPHA / 3}, 1.0) == 23
+    one_look = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69})
+    assert stats.seeds_needed(three_looks, 1.6) > stats.seeds_needed(one_look, 1.6) == 384
+    # the interval's counterpart narrows with the level too: a 98.3% interval needs more seeds to fit the margin
+    assert stats.seeds_for_equivalence({"sd": 1.0, "alpha": stats.ALPHA / 3}, 1.0) > \
+        stats.seeds_for_equivalence({"sd": 1.0}, 1.0)
+
+
 def test_seeds_for_equivalence_fits_the_interval_inside_the_margin_as_often_as_planned():
     # paired differences with sd 1 and a true difference 0, margin ± 1: the 95% interval fits with 80%
     # probability from 13 seeds (counted here over 200,000 simulated experiments), not at 12

@@ -23,6 +23,12 @@ def test_ordering_words_follow_the_seed_test_and_the_papers_sign():
     assert got["test"].endswith("; the paper's gap (+1.6) needs about 384 seeds a side to be found at this spread "
                                 "(80% power)")
     assert stats.seeds_needed(noisy, 1.6) == 384
+    # the same seeds tested at a second look (alpha 0.025): the count is planned at that level, and says so
+    second = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69}, looks=2)
+    later = verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, second)["test"]
+    assert later.endswith(f"; the paper's gap (+1.6) needs {stats.seeds_words(stats.seeds_needed(second, 1.6))} seeds "
+                          "a side to be found at this spread (80% power at α = 0.025)")
+    assert stats.seeds_needed(second, 1.6) > 384
     one = stats.compare_scores({0: 80}, {0: 70})
     assert verdicts.ordering(*CLAIM, 89.1, 87.5, a, b, one)["test"].endswith(stats.UNTESTED)
     stalled = verdicts.ordering(*CLAIM, 89.1, 87.5, a, record("MeZO", 70.0, trained=False), clear)

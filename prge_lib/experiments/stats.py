@@ -153,13 +153,13 @@ def welch(a: list[float], b: list[float], alpha: float = ALPHA) -> dict:
             "ci": ci, "sd": (math.sqrt(var_a), math.sqrt(var_b)), "alpha": alpha, "bootstrap_ci": None}
 
 
-def power(gap: float, se: float, df: float) -> float:
-    """The chance that a two-sided t test at ALPHA finds a true difference ``gap`` whose estimate has standard
-    error ``se`` on ``df`` degrees of freedom: P(T > t_{1-ALPHA/2} - |gap| / se), the shifted central t that
-    stands in for the noncentral one (the far tail, below -t_{1-ALPHA/2}, is left out)."""
+def power(gap: float, se: float, df: float, alpha: float = ALPHA) -> float:
+    """The chance that a two-sided t test at ``alpha`` finds a true difference ``gap`` whose estimate has standard
+    error ``se`` on ``df`` degrees of freedom: P(T > t_{1-alpha/2} - |gap| / se), the shifted central t that
+    stands in for the noncentral one (the far tail, below -t_{1-alpha/2}, is left out)."""
     if se == 0:
-        return 1.0 if gap else ALPHA
-    return t_sf(t_quantile(1 - ALPHA / 2, df) - abs(gap) / se, df)
+        return 1.0 if gap else alpha
+    return t_sf(t_quantile(1 - alpha / 2, df) - abs(gap) / se, df)
 
 
 def _standard_error(sd: float | tuple[float, float], n: int) -> tuple[float, float]:
@@ -171,14 +171,15 @@ def _standard_error(sd: float | tuple[float, float], n: int) -> tuple[float, flo
     return sd / math.sqrt(n), n - 1
 
 
-def _fewest_seeds_for(sd: float | tuple[float, float], effect: float, target: float, enough) -> int | None:
+def _fewest_seeds_for(sd: float | tuple[float, float], effect: float, target: float, alpha: float,
+                      enough) -> int | None:
     """The first n from MIN_SEEDS at which ``enough(se, df)`` holds, None past MAX_SEEDS. The search starts at the
-    normal approximation's count for detecting ``effect`` with probability ``target`` at the spread ``sd`` (the
-    differences' sd, or the rows' sds in quadrature), a lower bound for a target above one half (t's quantile and
-    tails are larger), and gives up at once when that passes MAX_SEEDS."""
+    normal approximation's count for detecting ``effect`` with probability ``target`` at level ``alpha`` and the
+    spread ``sd`` (the differences' sd, or the rows' sds in quadrature), a lower bound for a target above one half
+    (t's quantile and tails are larger), and gives up at once when that passes MAX_SEEDS."""
     spread = math.hypot(*sd) if isinstance(sd, tuple) else sd
     z = statistics.NormalDist()
-    lower = ((z.inv_cdf(1 - ALPHA / 2) + z.inv_cdf(target)) * spread / effect) ** 2
+    lower = ((z.inv_cdf(1 - alpha / 2) + z.inv_cdf(target)) * spread / effect) ** 2
     if lower > MAX_SEEDS:
         return None
     for n in range(max(MIN_SEEDS, math.floor(lower)), MAX_SEEDS + 1):
@@ -190,35 +191,39 @@ def _fewest_seeds_for(sd: float | tuple[float, float], effect: float, target: fl
 def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     """How many seeds a side a test like ``result`` (:func:`paired` or :func:`welch`) needs to detect a true
     difference ``gap`` with probability ``target``, at the spread it observed: the sd of the per-seed differences
-    (paired, n - 1 df) or of each row (Welch, n seeds on each side); at least MIN_SEEDS; None beyond MAX_SEEDS or
-    for a test without a spread (one seed)."""
+    (paired, n - 1 df) or of each row (Welch, n seeds on each side), and at the level it was held to (its
+    ``alpha``: ALPHA divided by its looks, :func:`compare_scores`; a look more would lower it again, so after
+    several looks the count is a lower bound); at least MIN_SEEDS; None beyond MAX_SEEDS or for a test without a
+    spread (one seed)."""
     sd = result.get("sd")
     if sd is None or gap == 0:
         return None
-    return _fewest_seeds_for(sd, gap, target, lambda se, df: power(gap, se, df) >= target)
+    alpha = result.get("alpha", ALPHA)
+    return _fewest_seeds_for(sd, gap, target, alpha, lambda se, df: power(gap, se, df, alpha) >= target)
 
 
-def equivalence_power(gap: float, margin: float, se: float, df: float) -> float:
-    """The chance that the (1 - ALPHA) interval of a difference lies within ± ``margin`` when the true difference
+def equivalence_power(gap: float, margin: float, se: float, df: float, alpha: float = ALPHA) -> float:
+    """The chance that the (1 - alpha) interval of a difference lies within ± ``margin`` when the true difference
     is ``gap`` and its estimate has standard error ``se`` on ``df`` degrees of freedom (two one-sided tests, each
-    at ALPHA / 2): P(T < (margin - gap) / se - t) - P(T < -(margin + gap) / se + t), t = t_{1-ALPHA/2}, with the
+    at alpha / 2): P(T < (margin - gap) / se - t) - P(T < -(margin + gap) / se + t), t = t_{1-alpha/2}, with the
     same shifted central t as :func:`power`; 0 where the interval cannot fit."""
     if se == 0:
         return 1.0 if abs(gap) < margin else 0.0
-    t = t_quantile(1 - ALPHA / 2, df)
+    t = t_quantile(1 - alpha / 2, df)
     return max(0.0, 1 - t_sf((margin - gap) / se - t, df) - t_sf((margin + gap) / se - t, df))
 
 
 def seeds_for_equivalence(result: dict, margin: float, gap: float = 0.0, target: float = POWER) -> int | None:
-    """How many seeds a side a test like ``result`` needs for its (1 - ALPHA) interval to lie within ± ``margin``
+    """How many seeds a side a test like ``result`` needs for its (1 - alpha) interval to lie within ± ``margin``
     with probability ``target`` when the true difference is ``gap`` (0: the rows are equal, as the claim says),
-    at the spread it observed (:func:`seeds_needed`'s spreads and limits); None where ``gap`` is not inside the
-    margin, beyond MAX_SEEDS, or without a spread."""
+    at the spread and level it observed (:func:`seeds_needed`'s spreads, level and limits); None where ``gap`` is
+    not inside the margin, beyond MAX_SEEDS, or without a spread."""
     sd = result.get("sd")
     if sd is None or not margin > abs(gap):
         return None
-    return _fewest_seeds_for(sd, margin - abs(gap), target,
-                             lambda se, df: equivalence_power(gap, margin, se, df) >= target)
+    alpha = result.get("alpha", ALPHA)
+    return _fewest_seeds_for(sd, margin - abs(gap), target, alpha,
+                             lambda se, df: equivalence_power(gap, margin, se, df, alpha) >= target)
 
 
 def seeds_words(n: int | None) -> str:

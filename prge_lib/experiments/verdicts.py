@@ -47,9 +47,9 @@ SEEDS_NEEDED = f"at least {stats.MIN_SEEDS} seeds a side needed for a verdict"
 
 def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -> str:
     """Where a seed test found no difference: how many seeds a side would detect the paper's gap at the spread
-    the test observed (:func:`stats.seeds_needed`); where the paper orders the rows in a figure only, a gap of the
-    size the test saw, if it lies the claimed way (a planning figure: the true gap may be smaller); "" where the
-    test has no spread, or saw no gap the claimed way."""
+    and level the test observed (:func:`stats.seeds_needed`); where the paper orders the rows in a figure only, a
+    gap of the size the test saw, if it lies the claimed way (a planning figure: the true gap may be smaller); ""
+    where the test has no spread, or saw no gap the claimed way."""
     if result.get("sd") is None:
         return ""
     if paper_a is not None and paper_b is not None:
@@ -60,8 +60,10 @@ def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -
             return ""
     if gap == 0:
         return ""
+    alpha = result.get("alpha", stats.ALPHA)
+    level = f" at α = {alpha:.2g}" if alpha < stats.ALPHA else ""
     return (f"; {what} ({gap:+.1f}) needs {stats.seeds_words(stats.seeds_needed(result, gap))} seeds a side to be "
-            f"found at this spread ({stats.POWER:.0%} power)")
+            f"found at this spread ({stats.POWER:.0%} power{level})")
 
 
 def _seeds_for_margin(others: list[tuple[dict, dict]], margin: float) -> str:
