@@ -7,7 +7,7 @@ test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict:
 two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
 three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
 difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
-(power ``POWER``), and :func:`seeds_for_equivalence` how many would put the interval inside an equivalence
+and the level the test was held to (power ``POWER``), and :func:`seeds_for_equivalence` how many would put the interval inside an equivalence
 margin. Seeds run beyond a grid's plan after a first test make the next test a second look, held to
 ``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed here from the
 regularized incomplete beta function (:func:`t_sf`, :func:`t_quantile`).
