@@ -128,8 +128,8 @@ def test_seeds_needed_plans_at_the_level_the_test_was_held_to():
     assert three_looks["alpha"] == pytest.approx(stats.ALPHA / 3)
     at_level = stats.seeds_needed({"sd": 1.0, "alpha": three_looks["alpha"]}, 1.0)
     assert at_level == 14 > stats.seeds_needed({"sd": 1.0}, 1.0)
-    assert stats.power(1.0, 1 / math.sqrt(14), 13, stats.ALPHA / 3) >= 0.8 > stats.power(1.0, 1 / math.sqrt(13), 12,
-                                                                                         stats.ALPHA / 3)
+    level = stats.ALPHA / 3
+    assert stats.power(1.0, 1 / math.sqrt(14), 13, level) >= 0.8 > stats.power(1.0, 1 / math.sqrt(13), 12, level)
     assert stats.seeds_needed({"sd": (1.0, 1.0), "alpha": stats.ALPHA / 3}, 1.0) == 23
     one_look = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69})
     assert stats.seeds_needed(three_looks, 1.6) > stats.seeds_needed(one_look, 1.6) == 384

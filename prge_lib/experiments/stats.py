@@ -7,10 +7,10 @@ test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict:
 two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
 three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
 difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
-and the level the test was held to (power ``POWER``), and :func:`seeds_for_equivalence` how many would put the interval inside an equivalence
-margin. Seeds run beyond a grid's plan after a first test make the next test a second look, held to
-``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed here from the
-regularized incomplete beta function (:func:`t_sf`, :func:`t_quantile`).
+and the level the test was held to (power ``POWER``), and :func:`seeds_for_equivalence` how many would put the
+interval inside an equivalence margin. Seeds run beyond a grid's plan after a first test make the next test a
+second look, held to ``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed
+here from the regularized incomplete beta function (:func:`t_sf`, :func:`t_quantile`).
 """
 from __future__ import annotations
 
@@ -192,9 +192,9 @@ def seeds_needed(result: dict, gap: float, target: float = POWER) -> int | None:
     """How many seeds a side a test like ``result`` (:func:`paired` or :func:`welch`) needs to detect a true
     difference ``gap`` with probability ``target``, at the spread it observed: the sd of the per-seed differences
     (paired, n - 1 df) or of each row (Welch, n seeds on each side), and at the level it was held to (its
-    ``alpha``: ALPHA divided by its looks, :func:`compare_scores`; a look more would lower it again, so after
-    several looks the count is a lower bound); at least MIN_SEEDS; None beyond MAX_SEEDS or for a test without a
-    spread (one seed)."""
+    ``alpha``: ALPHA divided by its looks, :func:`compare_scores`; the seeds added would make one look more, held
+    lower still, so the count is a lower bound); at least MIN_SEEDS; None beyond MAX_SEEDS or for a test without
+    a spread (one seed)."""
     sd = result.get("sd")
     if sd is None or gap == 0:
         return None
@@ -287,6 +287,13 @@ def compare_rows(a: dict, runs_a: list[dict], b: dict, runs_b: list[dict]) -> di
     return result
 
 
+def level_words(result: dict) -> str:
+    """The level of a test held below ALPHA (several looks, :func:`compare_scores`) in words, " at α = 0.025";
+    "" for a test at ALPHA."""
+    alpha = result.get("alpha", ALPHA)
+    return f" at α = {alpha:.2g}" if alpha < ALPHA else ""
+
+
 def describe(result: dict) -> str:
     """One line: "+1.4 points, paired t(2) = 0.52, p = 0.66, 95% CI [-10.2, 13.0]: no difference shown"; a test
     over several looks (:func:`compare_scores`) says its level and why: "... 97.5% CI [...]: no difference shown
@@ -299,7 +306,7 @@ def describe(result: dict) -> str:
     if looks > 1:
         after = f": seed{'s' if len(added) > 1 else ''} {', '.join(map(str, added))} added after the first" \
             if added else ""
-        why = f" at α = {alpha:.2g} ({looks} looks{after})"
+        why = f"{level_words(result)} ({looks} looks{after})"
     if result["p"] is None:
         return f"{head}: {result['verdict']}"
     df = f"{result['df']:.0f}" if float(result["df"]).is_integer() else f"{result['df']:.1f}"

@@ -60,10 +60,8 @@ def _seeds_for_gap(result: dict, paper_a: float | None, paper_b: float | None) -
             return ""
     if gap == 0:
         return ""
-    alpha = result.get("alpha", stats.ALPHA)
-    level = f" at α = {alpha:.2g}" if alpha < stats.ALPHA else ""
     return (f"; {what} ({gap:+.1f}) needs {stats.seeds_words(stats.seeds_needed(result, gap))} seeds a side to be "
-            f"found at this spread ({stats.POWER:.0%} power{level})")
+            f"found at this spread ({stats.POWER:.0%} power{stats.level_words(result)})")
 
 
 def _seeds_for_margin(others: list[tuple[dict, dict]], margin: float) -> str:
