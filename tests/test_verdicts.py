@@ -95,6 +95,14 @@ def test_equivalence_needs_every_interval_inside_the_margin():
         f"about {stats.seeds_for_equivalence(wide, 3.0)}")
     assert "seeds a side for the interval" not in verdicts.equivalence(
         "spaces alike", "Table 7", "1.1-point span", ref, [(record("DoRA", 70.5), tight)])["test"]
+    assert "(95% intervals within ± 3 points needed)" in wide_row["test"]
+    # the same test at a second look (alpha 0.025): a wider interval, so more seeds, and the line names the level
+    later = stats.compare_scores({0: 80, 1: 60, 2: 75}, {0: 70, 1: 71, 2: 69}, looks=2)
+    later_row = verdicts.equivalence("spaces alike", "Table 7", "1.1-point span", ref, [(record("VeRA", 71.7), later)])
+    more = stats.seeds_for_equivalence(later, 3.0)
+    assert more > stats.seeds_for_equivalence(wide, 3.0)
+    assert later_row["test"].endswith(f": VeRA about {more} at α = 0.025")
+    assert "(intervals at each test's level within ± 3 points needed)" in later_row["test"]
     assert check(tight, far) == verdicts.NOT_REPRODUCED
     assert check(stats.compare_scores({0: 70}, {0: 70})) == verdicts.INCONCLUSIVE
     assert check(stats.compare_scores({0: 60, 1: 61}, {0: 70, 1: 71})) == verdicts.INCONCLUSIVE     # two seeds a side

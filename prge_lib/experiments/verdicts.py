@@ -14,8 +14,9 @@ from prge_lib.experiments import stats
 from prge_lib.experiments.summaries import runs_of
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
-# a parameter space is "as accurate" as LoRA-FA when the 95% interval of the difference lies within this many
-# points: Gao et al. (arXiv) Table 7's four spaces span 1.1 points, and three such spans are allowed
+# a parameter space is "as accurate" as LoRA-FA when the 95% interval of the difference (wider where the test is
+# held below 0.05 over several looks) lies within this many points: Gao et al. (arXiv) Table 7's four spaces span
+# 1.1 points, and three such spans are allowed
 EQUIVALENCE_POINTS = 3.0
 
 
@@ -68,12 +69,20 @@ def _seeds_for_margin(others: list[tuple[dict, dict]], margin: float) -> str:
     """Where an equivalence test was too wide or had too few seeds: how many seeds a side would put each interval
     inside ± ``margin`` if the rows are truly equal, at the spread each test observed
     (:func:`stats.seeds_for_equivalence`); "" where no test has a spread."""
-    counts = [f"{o['label']} {stats.seeds_words(stats.seeds_for_equivalence(t, margin))}" for o, t in others
-              if t.get("sd") is not None]
+    counts = [f"{o['label']} {stats.seeds_words(stats.seeds_for_equivalence(t, margin))}{stats.level_words(t)}"
+              for o, t in others if t.get("sd") is not None]
     if not counts:
         return ""
     return (f"; seeds a side for the interval to fit ± {margin:g} points at this spread if the rows are equal "
             f"({stats.POWER:.0%} power): {', '.join(counts)}")
+
+
+def _interval_words(others: list[tuple[dict, dict]]) -> str:
+    """Which intervals an equivalence verdict reads: "95% intervals", or each test's own where a test was held
+    below 0.05 over several looks (its interval is then wider, :func:`stats.describe` prints its level)."""
+    if all(t.get("alpha", stats.ALPHA) >= stats.ALPHA for _, t in others):
+        return f"{100 * (1 - stats.ALPHA):g}% intervals"
+    return "intervals at each test's level"
 
 
 def _untrained(*records: dict) -> list[str]:
@@ -117,10 +126,11 @@ def ordering(claim: str, source: str, paper_a: float | None, paper_b: float | No
 def equivalence(claim: str, source: str, paper: str, reference: dict | None, others: list[tuple[dict, dict]],
                 margin: float = EQUIVALENCE_POINTS) -> dict:
     """Verdict on "these rows are as accurate as ``reference``": ``others`` holds (record, test against the
-    reference) pairs. REPRODUCED when every test's 95% interval lies within ± ``margin`` points, NOT_REPRODUCED
-    when a test finds a difference larger than ``margin``, INCONCLUSIVE otherwise (untested, too wide, fewer than
-    ``stats.MIN_SEEDS`` seeds a side, or a row that never trained). A test too wide or on too few seeds adds how
-    many seeds a side would fit the interval inside the margin if the rows are equal."""
+    reference) pairs. REPRODUCED when every test's interval (95%, or at its own lower level over several looks)
+    lies within ± ``margin`` points, NOT_REPRODUCED when a test finds a difference larger than ``margin``,
+    INCONCLUSIVE otherwise (untested, too wide, fewer than ``stats.MIN_SEEDS`` seeds a side, or a row that never
+    trained). A test too wide or on too few seeds adds how many seeds a side would fit the interval inside the
+    margin if the rows are equal, at that test's level."""
     if not reference or not others:
         return row(claim, source, paper, "not run yet", INCONCLUSIVE, "no result files")
     book = ", ".join(f"{r['label']} {r['test_mean']:.1f}" for r in (reference, *(o for o, _ in others)))
@@ -134,7 +144,7 @@ def equivalence(claim: str, source: str, paper: str, reference: dict | None, oth
     if any(t["verdict"] == stats.DIFFERENCE and abs(t["difference"]) > margin for _, t in others):
         return row(claim, source, paper, book, NOT_REPRODUCED, f"{tests} (margin ± {margin:g} points)")
     inside = all(t["ci"] and -margin <= t["ci"][0] and t["ci"][1] <= margin for _, t in others)
-    test = f"{tests} (95% intervals within ± {margin:g} points needed)"
+    test = f"{tests} ({_interval_words(others)} within ± {margin:g} points needed)"
     return row(claim, source, paper, book, REPRODUCED if inside else INCONCLUSIVE,
                test if inside else test + _seeds_for_margin(others, margin))
 
