@@ -55,6 +55,37 @@ def test_train_writes_result_adapter_and_resumes(fixture_data, tiny_folder, tmp_
     assert len(read_adapter(adapter)) == 2 * 2 * 7
 
 
+def test_a_kill_stops_train_after_the_step_with_a_checkpoint_to_resume(fixture_data, tiny_folder, tmp_path,
+                                                                        monkeypatch, capsys):
+    import os
+    import signal
+
+    from prge_lib.zo.prge import PRGE
+
+    monkeypatch.setenv("PRGE_DATA_DIR", str(fixture_data))
+    out, ckpt = tmp_path / "t.json", tmp_path / "ckpt"
+    args = ["train", "--task", "sst2", "--method", "prge", "--model", str(tiny_folder), "--q", "2", "--E", "4",
+            "--eval-every", "2", "--n-train", "12", "--n-val", "6", "--n-test", "6", "--steps", "4",
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3", "--out", str(out)]
+    real_step = PRGE.step
+
+    def killed_in_step_2(self, batch, t):
+        if t == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, batch, t)
+
+    monkeypatch.setattr(PRGE, "step", killed_in_step_2)
+    assert main(args) == 130 and not out.exists()
+    err = capsys.readouterr().err
+    assert "SIGTERM: stopping after the current step" in err
+    assert f"stopped by SIGTERM after step 2 of 4; its checkpoint is {ckpt / 'checkpoint.pt'}: rerun with --resume" in err
+    monkeypatch.setattr(PRGE, "step", real_step)
+    assert main(args + ["--resume"]) == 0          # the step-2 checkpoint, though checkpoints fall every 3 steps
+    result = json.loads(out.read_text())
+    assert result["steps"] == 4 and result["resumed_at_steps"] == [2]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_train_refuses_bad_settings_before_loading(tmp_path, capsys):
     assert main(["train", "--task", "sst2", "--method", "prge", "--q", "3", "--out", str(tmp_path / "x.json")]) == 2
     assert "E = 16 must be a multiple of q = 3" in capsys.readouterr().err

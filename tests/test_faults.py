@@ -82,7 +82,7 @@ def test_a_cell_runs_in_one_process_at_a_time(tmp_path, monkeypatch):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "state.bin").write_bytes(b"partial work")
         started.set()
-        release.wait(10)
+        release.wait(120)        # set once the checks below are done: the bound only keeps a broken test from hanging
         return _train_result(cell_)
 
     monkeypatch.setattr(runner, "_run_train", fake_train)
@@ -100,7 +100,7 @@ def test_a_cell_runs_in_one_process_at_a_time(tmp_path, monkeypatch):
         assert (cell.checkpoint_dir(ck) / "state.bin").read_bytes() == b"partial work"   # not removed by them
     finally:
         release.set()
-        first.join(10)
+        first.join(120)
     assert runs == [cell.name]                       # trained once
     rp.read_result(cell.result_path(res))            # whole and valid
     assert not cell.checkpoint_dir(ck).exists()      # removed by the holder, once its result was written

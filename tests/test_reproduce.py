@@ -231,6 +231,40 @@ def test_only_a_whole_cell_name_selects_that_cell_and_other_profiles_keep_their_
     assert rp.grid_cells("table1", "cpu", only="sst2/prge|rte/prge,q16")[0].name.startswith("sst2/prge-q16")
 
 
+def test_a_kill_stops_the_grid_after_a_step_with_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder,
+                                                                                            tmp_path, monkeypatch):
+    """`prge reproduce` under stop_on_signals: a SIGTERM during a step lets that step finish, saves a checkpoint
+    there, starts no further cell; the rerun ends where an uninterrupted grid does."""
+    import os
+    import signal
+
+    from prge_lib.training.stopping import stop_on_signals
+    from prge_lib.zo.prge import PRGE
+
+    cells = _tiny_cells(tiny_folder)
+    whole = tmp_path / "whole"
+    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
+    real_step = PRGE.step
+
+    def killed_in_step_2(self, batch, t):
+        if t == 1 and self.seed == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, batch, t)
+
+    monkeypatch.setattr(PRGE, "step", killed_in_step_2)
+    res, ck, said = tmp_path / "res", tmp_path / "ck", []
+    with stop_on_signals(say=said.append):
+        assert rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append) == []
+    assert said[2].startswith("SIGTERM: stopping after the current step with a checkpoint"), said
+    assert said[3].startswith(f"cell {cells[0].name}: stopped by SIGTERM after step 2 of 4; its checkpoint is ")
+    assert said[3].endswith("; the same command resumes it") and len(said) == 4       # cells[1] never started
+    assert "partial 2/4" in rp.list_cells(cells, res, ck) and not any(c.result_path(res).is_file() for c in cells)
+    monkeypatch.setattr(PRGE, "step", real_step)
+    rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)    # the handler is gone
+    for cell in cells:
+        _same_run(json.loads(cell.result_path(res).read_text()), json.loads(cell.result_path(whole / "res").read_text()))
+
+
 def test_a_time_limit_stops_a_cell_at_a_checkpoint_that_the_same_command_resumes(tiny_env, tiny_folder, tmp_path):
     import torch
     from prge_lib.training.trainer import TrainingStopped

@@ -9,6 +9,7 @@ from pathlib import Path
 from prge_lib.cli.common import EXIT_CELLS_LEFT
 from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checks import check_numbers
+from prge_lib.training.stopping import stop_on_signals
 
 DEFAULT_GPU_PACK = 8        # --pack's default with --device cuda (and the local backend)
 
@@ -97,9 +98,10 @@ def run_reproduce(args) -> int:
         sweep, runs, _ = rp.read_sweep(args.grid, args.profile, args.model, roots["results"], **overrides)
         cells = rp.sweep_order(cells, runs)
         needed = rp.sweep_skip(sweep, roots["results"])
-    rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
-                say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline, restart=args.restart,
-                pack=pack, width_groups=args.width_groups, needed=needed, **roots)
+    with stop_on_signals():             # a first Ctrl-C or kill: the running cell stops after a step with a checkpoint
+        rp.run_grid(cells, args.backend, args.address, progress=True, cpus_per_cell=args.cpus_per_cell,
+                    say=lambda line: print(f"prge: {line}", file=sys.stderr), deadline=deadline,
+                    restart=args.restart, pack=pack, width_groups=args.width_groups, needed=needed, **roots)
     if needed is not None:              # the plan again: the cells a bracket left out are not cells still to run
         try:
             cells = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only, args.model,
@@ -167,7 +169,8 @@ def reproduce_options(rp) -> None:
     rp.add_argument("--model", default=None, help=f"hub id or local folder (default: the embedded {EMBEDDED})")
     rp.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                     help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
-                    "running training cell stops at a checkpoint that the same command resumes")
+                    "running training cell stops at a checkpoint that the same command resumes (as it does at a first "
+                    "Ctrl-C or kill; a second stops at once)")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
                     "result records it; on cuda P-RGE draws counter noise with the fused step, and the runtime and "
                     "memory grids time the GPU)")

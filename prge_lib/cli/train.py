@@ -1,6 +1,7 @@
 """``prge zeroshot`` (a task's score without training; chapter 0) and ``prge train`` (one run of any method; chapters 1–9)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -46,7 +47,8 @@ def run_train(args) -> int:
     from prge_lib.training.checkpoints import CHECKPOINT_NAME, check_checkpoint_folder
     from prge_lib.training.config import TrainConfig
     from prge_lib.training.records import diverged_record, finished_record
-    from prge_lib.training.trainer import Trainer, TrainingDiverged
+    from prge_lib.training.stopping import stop_on_signals
+    from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                             if hasattr(args, f.name)})
@@ -80,9 +82,16 @@ def run_train(args) -> int:
         trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
     model = config.model or EMBEDDED
     message = None
+    # one process with a checkpoint folder: a first Ctrl-C or kill stops after the step with a checkpoint there
+    # (data-parallel workers must stop after the same step, so they keep Python's own handling)
+    gentle = stop_on_signals() if args.checkpoint_dir and args.workers == 1 else contextlib.nullcontext()
     try:
-        summary = trainer.run(resume=args.resume, restart=args.restart)
+        with gentle:
+            summary = trainer.run(resume=args.resume, restart=args.restart)
         result = finished_record(summary, model) if summary is not None else None
+    except TrainingStopped as stop:
+        print(f"prge: {stop}: rerun with --resume", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         saved = trainer.checkpoint_path()
         where = f"the last checkpoint ({saved}) is kept: rerun with --resume" if saved and saved.is_file() \

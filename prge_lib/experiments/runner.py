@@ -3,8 +3,9 @@
 The runner skips a cell whose result exists (and refuses to go on when a result there was made with other
 settings), resumes an interrupted cell from its checkpoint (removed once the result is written), and so continues
 where it stopped when killed and rerun, also from a fresh clone on the same machine. A cell whose loss turns
-non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline stops a training cell at a
-checkpoint and keeps further cells from starting. A cell whose checkpoint cannot be resumed here is said and left
+non-finite is recorded as diverged (the steps it made) and the grid goes on. A deadline, or a Ctrl-C or kill while
+``prge reproduce`` runs (:mod:`prge_lib.training.stopping`), stops a training cell at a checkpoint and keeps further
+cells from starting. A cell whose checkpoint cannot be resumed here is said and left
 with its checkpoint untouched, and the grid goes on. With a pack size above 1 the training cells that can share a
 forward train in packs (:func:`run_pack`), each still under its own lock, checkpoint and result. A cell whose very
 run another grid has made (:func:`~prge_lib.experiments.results.twin_result`) is not run again: that result is
@@ -37,6 +38,7 @@ from prge_lib.models.options import EMBEDDED
 from prge_lib.training.checkpoints import CHECKPOINT_NAME, CheckpointError
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.packed import PackedTrainer, PackStopped
+from prge_lib.training import stopping
 from prge_lib.training.records import diverged_record, finished_record, zero_shot_record, zero_shot_run
 from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
@@ -298,7 +300,8 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
                 continue
         cell = unit[0]
         if not _fits_before(cell, deadline):
-            say(f"time limit reached: {sum(map(len, units[i:]))} cells not run; the same command continues")
+            say(f"{'stop asked by ' + stopping.asked() if stopping.asked() else 'time limit reached'}: "
+                f"{sum(map(len, units[i:]))} cells not run; the same command continues")
             break
         if len(unit) > 1:
             say(f"pack of {len(unit)}: {', '.join(c.name for c in unit)}")
@@ -332,7 +335,10 @@ def _fits_before(cell: Cell, deadline: float | None) -> bool:
     """Whether ``cell`` may start: a training or WikiText-2 curves cell until the deadline (it stops at a checkpoint
     when the deadline comes), a zero-shot or benchmark cell, which cannot stop halfway, only if its estimate ends
     before it. A benchmark cell on a GPU also starts until the deadline: its only price is this CPU's timing
-    (estimates.BENCH_STEP_SECONDS), minutes where the GPU takes seconds, so no GPU sitting would ever start one."""
+    (estimates.BENCH_STEP_SECONDS), minutes where the GPU takes seconds, so no GPU sitting would ever start one.
+    None starts once a signal has asked the runs to stop (:mod:`prge_lib.training.stopping`)."""
+    if stopping.asked():
+        return False
     if deadline is None:
         return True
     unpriced = cell.kind == "bench" and device_kind(cell.config()) != "cpu"

@@ -35,6 +35,7 @@ from prge_lib.methods import registry
 from prge_lib.models.buckets import parse_buckets
 from prge_lib.models.loading import load_model, truncate_layers
 from prge_lib.models.options import EMBEDDED
+from prge_lib.training import stopping
 from prge_lib.training.checkpoints import check_checkpoint_folder
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.records import diverged_record, finished_record
@@ -48,14 +49,14 @@ SHARED = ("model", "dtype", "quant", "device", "layers", "targets", "engine", "b
 
 
 class PackStopped(RuntimeError):
-    """The pack reached its deadline: it stopped after a step with every unfinished run's checkpoint saved, so
-    the same pack resumes from them (``resume``)."""
+    """The pack reached its deadline, or a signal asked it to stop (:mod:`prge_lib.training.stopping`): it stopped
+    after a step with every unfinished run's checkpoint saved, so the same pack resumes from them (``resume``)."""
 
     def __init__(self, runs: dict[str, tuple[int, int, Path | None]]):
         self.runs = runs
         where = "; ".join(f"{name} at step {step} of {steps} ({path or 'no checkpoint folder'})"
                           for name, (step, steps, path) in runs.items())
-        super().__init__(f"stopped by the time limit: {where}")
+        super().__init__(f"stopped by {stopping.reason()}: {where}")
 
 
 def run_name(config: TrainConfig) -> str:
@@ -163,7 +164,7 @@ class PackedTrainer:
                 if trainer.step >= trainer.config.steps:
                     active.remove(r)
             bar.update(1)
-            if deadline is not None and time.time() >= deadline and active:
+            if stopping.past(deadline) and active:
                 bar.close()
                 stopped = {}
                 for r in active:

@@ -32,6 +32,7 @@ from prge_lib.training.checkpoints import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, C
                                            _set_python_rng_state)
 from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
 from prge_lib.training.evaluate import zero_shot
+from prge_lib.training import stopping
 from prge_lib.training.records import SCHEMA_VERSION, step_series
 from prge_lib.zo.replay import adapter_digest, can_rebuild, rebuild
 from prge_lib.zo.rge import mix_seed
@@ -50,13 +51,14 @@ class TrainingDiverged(RuntimeError):
 
 
 class TrainingStopped(RuntimeError):
-    """The run reached its deadline (a GPU or notebook session about to end): it stopped after a step and
-    saved a checkpoint there, so the same run resumes from it."""
+    """The run reached its deadline (a GPU or notebook session about to end) or a signal asked it to stop
+    (:mod:`prge_lib.training.stopping`): it stopped after a step and saved a checkpoint there, so the same run
+    resumes from it."""
 
     def __init__(self, step: int, steps: int, checkpoint: Path | None):
         self.step, self.steps, self.checkpoint = step, steps, checkpoint
         where = f"its checkpoint is {checkpoint}" if checkpoint else "no checkpoint folder was given"
-        super().__init__(f"stopped by the time limit after step {step} of {steps}; {where}")
+        super().__init__(f"stopped by {stopping.reason()} after step {step} of {steps}; {where}")
 
 
 def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None, start=None):
@@ -419,7 +421,8 @@ class Trainer:
 
     def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict:
         """Train to ``config.steps`` and return :meth:`summary`. ``deadline`` (a ``time.time()`` value): once
-        passed, stop after the current step with a checkpoint there (:class:`TrainingStopped`). An existing
+        passed, or once a signal asks (:func:`~prge_lib.training.stopping.stop_on_signals`), stop after the
+        current step with a checkpoint there (:class:`TrainingStopped`). An existing
         checkpoint is continued with ``resume`` or discarded with ``restart``; with neither, the run refuses to
         start over it (:func:`check_checkpoint_folder`)."""
         c = self.config
@@ -436,7 +439,7 @@ class Trainer:
                 raise self.diverged(t, record)
             bar.set_postfix(self.record_step(t, record, took))
             bar.update(1)
-            if deadline is not None and time.time() >= deadline and self.step < c.steps:
+            if stopping.past(deadline) and self.step < c.steps:
                 bar.close()
                 raise TrainingStopped(self.step, c.steps, self.save_checkpoint())
         bar.close()

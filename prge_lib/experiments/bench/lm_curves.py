@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from prge_lib.methods.mebp import lm_batches
+from prge_lib.training import stopping
 from prge_lib.training.trainer import restore_method_state
 
 LM_METHODS = {"mebp": "MeBP", "mezo": "MeZO (Full)", "prge": "P-RGE (q = 4)"}
@@ -124,7 +125,7 @@ def lm_curves(seq_len: int, steps: Mapping[str, int], eval_every: Mapping[str, i
                 run["eval_s"] += time.perf_counter() - clock
                 if t + 1 < n_steps:
                     save()
-            if deadline is not None and time.time() >= deadline and t + 1 < n_steps:
+            if stopping.past(deadline) and t + 1 < n_steps:
                 done = sum(len(r["losses"]) for r in runs.values()) + len(run["losses"])
                 raise TrainingStopped(done, total, save())
         runs[name] = run

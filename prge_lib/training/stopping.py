@@ -1,0 +1,73 @@
+"""When a run stops before its last step: at a deadline (``prge reproduce --time-limit``) or when asked by a signal
+(Ctrl-C, ``kill``). Either way it stops after a whole step, saves a checkpoint there and the same command resumes it
+(chapter 7), so hours of steps are not lost to a session's end or a stray Ctrl-C.
+
+:func:`stop_on_signals` turns the first SIGINT or SIGTERM into such a request; the loops that train
+(``Trainer.run``, ``PackedTrainer.run``, the WikiText-2 curves) ask :func:`past` after each step, and a grid starts
+no further cell once it is true. A second signal stops the process at once, as the signal would by itself.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_asked: list[str] = []          # the name of the signal that asked the runs to stop, while one has
+
+
+def asked() -> str | None:
+    """The signal that asked the runs to stop ("SIGTERM"), or None."""
+    return _asked[0] if _asked else None
+
+
+def past(deadline: float | None) -> bool:
+    """Whether a run should stop after the step it just made: its ``deadline`` (a ``time.time()`` value) has
+    passed, or a signal asked it to (:func:`stop_on_signals`)."""
+    return bool(_asked) or (deadline is not None and time.time() >= deadline)
+
+
+def reason() -> str:
+    """What stopped a run early, in words: "SIGTERM" where a signal asked, else "the time limit"."""
+    return asked() or "the time limit"
+
+
+def _say(line: str) -> None:
+    print(f"prge: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def stop_on_signals(say: Callable[[str], None] = _say):
+    """Within the block, the first SIGINT or SIGTERM asks the runs to stop after their current step with a
+    checkpoint (:func:`past` turns true, ``say`` tells the user so); a second one restores the handler that was
+    there and delivers the signal to it (Ctrl-C then raises KeyboardInterrupt, a kill ends the process). Outside
+    the main thread, where Python cannot install handlers, the block runs without them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    def handler(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if _asked:                      # the second signal: do what it would have done without this block
+            restore()
+            signal.raise_signal(signum)
+            return
+        _asked.append(name)
+        say(f"{name}: stopping after the current step with a checkpoint (the same command resumes); "
+            f"send it again to stop at once")
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        restore()
+        _asked.clear()
