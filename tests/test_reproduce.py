@@ -105,6 +105,25 @@ def _tiny_cells(tiny_folder, seeds=(0, 1)):
     return rp.grid_cells("table1", "cpu", seeds=seeds, only="sst2/prge-q4", model=str(tiny_folder), **TINY)
 
 
+def _interrupted_grid(tiny_folder, tmp_path, monkeypatch, seed: int, t: int, act):
+    """The tiny grid run whole under tmp_path/whole, then the cells with ``act()`` at the start of step t + 1 of
+    the run of ``seed`` (PRGE.step patched; the returned ``restore()`` puts it back): (cells, whole, restore)."""
+    from prge_lib.zo.prge import PRGE
+
+    cells = _tiny_cells(tiny_folder)
+    whole = tmp_path / "whole"
+    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
+    real_step = PRGE.step
+
+    def interrupted(self, batch, step):
+        if step == t and self.seed == seed:
+            act()
+        return real_step(self, batch, step)
+
+    monkeypatch.setattr(PRGE, "step", interrupted)
+    return cells, whole, lambda: monkeypatch.setattr(PRGE, "step", real_step)
+
+
 def _same_run(a: dict, b: dict) -> None:
     for key in ("losses", "evals", "best_val", "final", "projected_grad", "config", "seed", "cell"):
         assert a[key] == b[key], key
@@ -117,19 +136,10 @@ def tiny_env(fixture_data, monkeypatch):
 
 def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_env, tiny_folder, tmp_path,
                                                                            monkeypatch):
-    cells = _tiny_cells(tiny_folder)
-    whole = tmp_path / "whole"
-    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
+    def kill():
+        raise KeyboardInterrupt("simulated kill during step 3 of the second cell")
 
-    from prge_lib.zo.prge import PRGE
-    real_step = PRGE.step
-
-    def killed_at_step_3(self, batch, t):
-        if t == 2 and self.seed == 1:
-            raise KeyboardInterrupt("simulated kill during step 3 of the second cell")
-        return real_step(self, batch, t)
-
-    monkeypatch.setattr(PRGE, "step", killed_at_step_3)
+    cells, whole, restore = _interrupted_grid(tiny_folder, tmp_path, monkeypatch, seed=1, t=2, act=kill)
     res, ck = tmp_path / "res", tmp_path / "ck"
     with pytest.raises(KeyboardInterrupt):
         rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)
@@ -137,7 +147,7 @@ def test_a_killed_cell_resumes_and_the_result_equals_an_uninterrupted_run(tiny_e
     listing = rp.list_cells(cells, res, ck)
     assert "done" in listing and "partial 2/4" in listing and "1/2 done" in listing
 
-    monkeypatch.setattr(PRGE, "step", real_step)
+    restore()
     # the checkpoint (step 2) cannot be resumed into a shorter run
     shorter = rp.grid_cells("table1", "cpu", seeds=[1], only="sst2/prge-q4", model=str(tiny_folder),
                             **{**TINY, "steps": 1})[0]
@@ -239,19 +249,9 @@ def test_a_kill_stops_the_grid_after_a_step_with_a_checkpoint_that_the_same_comm
     import signal
 
     from prge_lib.training.stopping import stop_on_signals
-    from prge_lib.zo.prge import PRGE
 
-    cells = _tiny_cells(tiny_folder)
-    whole = tmp_path / "whole"
-    rp.run_grid(cells, results=whole / "res", checkpoints=whole / "ck", progress=False, say=lambda _: None)
-    real_step = PRGE.step
-
-    def killed_in_step_2(self, batch, t):
-        if t == 1 and self.seed == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_step(self, batch, t)
-
-    monkeypatch.setattr(PRGE, "step", killed_in_step_2)
+    cells, whole, restore = _interrupted_grid(tiny_folder, tmp_path, monkeypatch, seed=0, t=1,
+                                              act=lambda: os.kill(os.getpid(), signal.SIGTERM))
     res, ck, said = tmp_path / "res", tmp_path / "ck", []
     with stop_on_signals(say=said.append):
         assert rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=said.append) == []
@@ -259,7 +259,7 @@ def test_a_kill_stops_the_grid_after_a_step_with_a_checkpoint_that_the_same_comm
     assert said[3].startswith(f"cell {cells[0].name}: stopped by SIGTERM after step 2 of 4; its checkpoint is ")
     assert said[3].endswith("; the same command resumes it") and len(said) == 4       # cells[1] never started
     assert "partial 2/4" in rp.list_cells(cells, res, ck) and not any(c.result_path(res).is_file() for c in cells)
-    monkeypatch.setattr(PRGE, "step", real_step)
+    restore()
     rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)    # the handler is gone
     for cell in cells:
         _same_run(json.loads(cell.result_path(res).read_text()), json.loads(cell.result_path(whole / "res").read_text()))
