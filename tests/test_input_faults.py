@@ -81,6 +81,9 @@ def test_a_program_without_a_digest_is_checked_as_far_as_it_can_be(tmp_path):
     (["train", "--task", "sst2", "--max-length", "0"], "--max-length must be a whole number at least 1, got 0"),
     (["train", "--task", "sst2", "--seed", "-1"], "--seed must be a whole number from 0 to 4294967295, got -1"),
     (["train", "--task", "sst2", "--alpha", "nan"], "--alpha must be a positive number, got nan"),
+    (["train", "--task", "sst2", "--stop-rising", "1"], r"--stop-rising must be a number above 1 \(how many times "
+                                                          r"its start the loss must rise to\), got 1\.0"),
+    (["train", "--task", "sst2", "--stop-rising", "inf"], "--stop-rising must be a number above 1 .*, got inf"),
     (["train", "--task", "sst2", "--max-length", "9000"], "max_length 9000 is beyond the model's 8192 positions"),
     (["train", "--task", "sst2", "--layers", "31"], "layers 31: the model has 30 decoder layers"),
     (["train", "--task", "sst2", "--q", "100000", "--E", "100000"], "a prge step with q = 100000, E = 100000 needs about .* GiB .* more than the"),

@@ -238,6 +238,32 @@ def test_a_diverging_run_leaves_the_pack_and_the_others_finish(tiny_factory, tok
         assert all(gaps[w] <= bound[w] for w in bound), (r, gaps, bound)
 
 
+def test_a_run_whose_loss_rose_past_stop_rising_leaves_the_pack(tiny_factory, tokenizer, task_data, tmp_path,
+                                                                 monkeypatch):
+    """Run 1's booked loss is 10 times the real one from step 3 on (a loss window of one step): it stops after step
+    3 as diverged with its checkpoint there; the others, under the same factor, finish."""
+    from prge_lib.training import stopping
+
+    monkeypatch.setattr(stopping, "LOSS_WINDOW", 1)
+    runs = configs("equal", stop_rising=3.0)
+    folders = [tmp_path / f"run{r}" for r in range(3)]
+    trainer = packed(tiny_factory, tokenizer, task_data, runs, folders)
+    real_step = trainer.pack.step
+
+    def rising(work):
+        records = real_step(work)
+        if 1 in records and work[1][1] >= 2:
+            records[1] = {**records[1], "loss": 10 * records[1]["loss"]}
+        return records
+
+    trainer.pack.step = rising
+    results = trainer.run()
+    assert [r["status"] for r in results] == ["finished", "diverged", "finished"]
+    assert [len(r["losses"]) for r in results] == [4, 3, 4]
+    assert "above the --stop-rising factor 3; training stopped" in results[1]["diverged"]
+    assert torch.load(folders[1] / "checkpoint.pt", weights_only=True)["step"] == 3
+
+
 def test_runs_of_other_models_or_methods_are_refused():
     base = {**COMMON, "task": "sst2", "E": 4, "q": 2}
     with pytest.raises(ValueError, match=r"run 1: layers = 2, but run 0 has 1"):

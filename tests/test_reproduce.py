@@ -201,6 +201,40 @@ def test_a_diverging_cell_is_recorded_and_the_grid_goes_on(tiny_env, tiny_folder
     assert record["steps"] == 4 and record["n"] == 2                     # the planned steps, both seeds
 
 
+def test_a_cell_whose_loss_rose_past_stop_rising_is_recorded_as_diverged_and_the_grid_goes_on(tiny_env, tiny_folder,
+                                                                                               tmp_path, monkeypatch):
+    """--stop-rising: the seed-0 cell's booked loss is 10 times the real one from step 3 on (a window of one step
+    here), so it stops after step 3 as diverged, its state saved; the seed-1 cell finishes. The result is the
+    cell's, with or without the option, and its command names it."""
+    from prge_lib.training import stopping
+    from prge_lib.zo.prge import PRGE
+    real_step = PRGE.step
+
+    def rising(self, batch, t):
+        record = real_step(self, batch, t)
+        if self.seed == 0 and t >= 2:
+            record["loss"] *= 10
+        return record
+
+    monkeypatch.setattr(PRGE, "step", rising)
+    monkeypatch.setattr(stopping, "LOSS_WINDOW", 1)
+    cells = rp.grid_cells("table1", "cpu", seeds=(0, 1), only="sst2/prge-q4", model=str(tiny_folder), stop_rising=3,
+                          **TINY)
+    res, ck = tmp_path / "res", tmp_path / "ck"
+    paths = rp.run_grid(cells, results=res, checkpoints=ck, progress=False, say=lambda _: None)
+    assert paths == [c.result_path(res) for c in cells]
+    rose, finished = (json.loads(p.read_text()) for p in paths)
+    assert rose["status"] == "diverged" and rose["steps"] == len(rose["losses"]) == 3
+    assert rose["diverged"].startswith("step 3: the mean training loss of steps 3-3 is ")
+    assert "above the --stop-rising factor 3; training stopped; its state (after step 3) is in " in rose["diverged"]
+    assert rose["config"]["stop_rising"] == 3 and rose["final"]["step"] == 3
+    assert rose["provenance"]["command"].endswith(f"--model {tiny_folder} --stop-rising 3")
+    assert finished["status"] == "finished" and finished["steps"] == 4
+    plain = _tiny_cells(tiny_folder)                     # the same cells without the option: done, not other settings
+    assert not rp.cell_matches(plain[0], rose) and "2/2 done" in rp.list_cells(plain, res, ck)
+    assert not cells[0].checkpoint_dir(ck).exists()
+
+
 def test_a_checkpoint_this_machine_cannot_resume_is_kept_and_the_grid_goes_on(tiny_env, tiny_folder, tmp_path):
     """A cell whose checkpoint cannot be read here (damaged, or from a processor that replays otherwise) is said and
     left alone with its file as it was; the next cells run, and the cell runs once its checkpoint is resumable."""

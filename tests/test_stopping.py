@@ -33,3 +33,18 @@ def test_the_grid_says_a_signal_kept_its_cells_from_starting(monkeypatch, tmp_pa
     cells = rp.grid_cells("table1", "cpu", only="sst2/zeroshot")
     assert rp.run_grid(cells, results=tmp_path, checkpoints=tmp_path, progress=False, say=said.append) == []
     assert said[-1] == "stop asked by SIGTERM: 1 cells not run; the same command continues"
+
+
+def test_a_loss_risen_past_the_factor_over_whole_windows_stops_a_run(monkeypatch):
+    window = stopping.LOSS_WINDOW
+    start, risen = [6.0] * window, [6.0] * window + [20.0] * window          # 20 / 6 = 3.33 times the start
+    assert stopping.loss_rise(risen, None) is None                            # no factor: never
+    assert stopping.loss_rise(risen[:-1], 3.0) is None                        # not yet two whole windows
+    assert stopping.loss_rise(risen, 3.5) is None and stopping.loss_rise(start + start, 1.01) is None
+    assert stopping.loss_rise(risen, 3.0) == (
+        f"the mean training loss of steps {window + 1}-{2 * window} is 20, 3.33 times that of steps 1-{window} (6), "
+        f"above the --stop-rising factor 3")
+    spike = [6.0] * (2 * window - 1) + [30.0]                 # one step at 5 times the start: not the window's mean
+    assert stopping.loss_rise(spike, 3.0) is None
+    monkeypatch.setattr(stopping, "LOSS_WINDOW", 2)                            # read when called
+    assert stopping.loss_rise([1.0, 1.0, 5.0, 5.0], 3.0).startswith("the mean training loss of steps 3-4 is 5,")

@@ -32,6 +32,8 @@ def run_reproduce(args) -> int:
             raise ValueError(f"--seeds takes integers separated by commas, got {args.seeds!r}") from None
         check_numbers({"seed": seeds})
     overrides = {"steps": args.steps} if args.steps else {}
+    if args.stop_rising is not None:
+        overrides["stop_rising"] = args.stop_rising
     benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
     if args.dtype != "fp32":
         if args.grid not in benchmarks:
@@ -171,6 +173,10 @@ def reproduce_options(rp) -> None:
                     help="stop after this long (a GPU or notebook session's end): no cell starts later, and a "
                     "running training cell stops at a checkpoint that the same command resumes (as it does at a first "
                     "Ctrl-C or kill; a second stops at once)")
+    rp.add_argument("--stop-rising", type=float, default=None, metavar="FACTOR",
+                    help="stop a training cell once the mean of its last 50 training losses exceeds FACTOR times the "
+                    "mean of its first 50, and record it as diverged (its result is the cell's, done: a sweep's rate "
+                    "past the method's edge then costs a few hundred steps, not all of them; default: never)")
     rp.add_argument("--device", default="cpu", help="cpu or cuda: where training and zero-shot cells run (the "
                     "result records it; on cuda P-RGE draws counter noise with the fused step, and the runtime and "
                     "memory grids time the GPU)")

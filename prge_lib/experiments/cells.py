@@ -77,6 +77,8 @@ class Cell:
             options += f" --device {c['device']}"
         if c.get("dtype", "fp32") != "fp32" and self.kind == "bench":
             options += f" --dtype {c['dtype']}"
+        if c.get("stop_rising") is not None:
+            options += f" --stop-rising {c['stop_rising']:g}"
         if self.stage != "sweep":
             options += f" --stage {self.stage}"
         return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"

@@ -25,15 +25,18 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
     The device is not a setting of the cell: a cell run on a GPU is the same cell (its result records the
     device and the hardware; its ZO noise comes from the counter generator, the CPU run's z with --noise counter, or,
     in results made before that default, from torch's CUDA generator: other draws of the same law). Nor is how
-    the GPU runs its steps (:data:`HOW_IT_RUNS`: length buckets and CUDA graphs change the rounding, not the run)."""
+    the GPU runs its steps (:data:`HOW_IT_RUNS`: length buckets and CUDA graphs change the rounding, not the run),
+    nor whether a diverging run was stopped early (``stop_rising``: the same run, cut short once it diverged; its
+    result's ``diverged`` says where)."""
     if cell.kind == "bench":
         return [] if result.get("kind") == "bench" else ["kind"]
     saved = result.get("config", {})
     return [k for k, v in cell.config().items()
-            if k not in HOW_IT_RUNS and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
+            if k not in HOW_IT_RUNS + WHEN_IT_STOPS and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
 
 
 HOW_IT_RUNS = ("device", "buckets", "cuda_graphs")   # where and how a cell's steps run, not which run it is
+WHEN_IT_STOPS = ("stop_rising",)                     # when a diverging run is cut short, not which run it is
 
 
 def result_differs(cell: Cell, results: Path = RESULTS) -> list[str] | None:

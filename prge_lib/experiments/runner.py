@@ -300,7 +300,8 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
                 continue
         cell = unit[0]
         if not _fits_before(cell, deadline):
-            say(f"{'stop asked by ' + stopping.asked() if stopping.asked() else 'time limit reached'}: "
+            signal_name = stopping.asked()
+            say(f"{'stop asked by ' + signal_name if signal_name else 'time limit reached'}: "
                 f"{sum(map(len, units[i:]))} cells not run; the same command continues")
             break
         if len(unit) > 1:

@@ -26,6 +26,7 @@ from prge_lib.experiments.cells import Cell, grid_cells, row_cells, select
 from prge_lib.experiments.grids import GRIDS, STAGES, best_rate, lr_text, staged_rows
 from prge_lib.experiments.results import read_result
 from prge_lib.experiments.summaries import left_zero_shot, trained_bracket
+from prge_lib.training.stopping import LOSS_WINDOW
 
 
 class SweepNotDone(ValueError):
@@ -214,7 +215,6 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     return stalled
 
 
-LOSS_WINDOW = 50       # steps averaged at each end of a run's training loss (stability_rates)
 
 
 class Refinement(NamedTuple):

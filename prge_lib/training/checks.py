@@ -26,6 +26,8 @@ WHOLE = {"steps": (1, None), "q": (1, None), "E": (1, None), "batch_size": (1, N
          "eval_examples": (1, None)}
 # settings that must be positive, finite numbers
 POSITIVE = ("lr", "eps", "alpha")
+# factors that must exceed 1, finite (stop_rising: a loss that merely failed to fall has not diverged)
+ABOVE_ONE = ("stop_rising",)
 
 # SmolLM2-135M-Instruct's config.json (the embedded model): its sizes without converting or loading it
 EMBEDDED_DIMS = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -43,10 +45,15 @@ def check_numbers(values: dict, options: bool = False) -> None:
             for item in value:
                 check_numbers({name: item}, options)
             continue
-        if value is None or (name not in WHOLE and name not in POSITIVE):
+        if value is None or (name not in WHOLE and name not in POSITIVE and name not in ABOVE_ONE):
             continue
         label = "--" + name.replace("_", "-") if options else name
         is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in ABOVE_ONE:
+            if not (is_number and value > 1 and math.isfinite(value)):
+                raise ValueError(f"{label} must be a number above 1 (how many times its start the loss must "
+                                 f"rise to), got {value!r}")
+            continue
         if name in POSITIVE:
             if not (is_number and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{label} must be a positive number, got {value!r}")

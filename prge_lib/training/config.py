@@ -93,6 +93,9 @@ class TrainConfig:
     max_length: int | None = _option(None, "truncate prompts to this many tokens")
     eval_batch_size: int = _option(16, "rows per evaluation forward")
     checkpoint_every: int = _option(100, "steps between checkpoints")
+    stop_rising: float | None = _option(None, "stop the run, recorded as diverged, once the mean of its last 50 "
+                                              "training losses exceeds this many times the mean of its first 50 "
+                                              "(e.g. 2, for learning-rate sweeps; default: never)")
     model: str | None = _option(None, "hub id or local folder (default: the embedded SmolLM2-135M)")
     dtype: str = _option("fp32", "precision of the weights", choices=DTYPE_NAMES)
     quant: str | None = _option(None, _quant_help, choices=QUANT_MODES)

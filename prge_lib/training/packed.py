@@ -16,9 +16,9 @@ Evaluations are packed too: the runs due an evaluation after a step (and at step
 validation sets in shared forwards, each run's rows through its own adapter (``Pack.each_own``, ``zero_shot_many``),
 up to ``eval_together`` runs per forward; a run's ``eval_s`` counts the evaluations it took part in.
 
-A run that reaches its steps leaves the pack; a run whose loss turns non-finite is recorded as diverged (the
-last good state in its checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go
-on. ``step_s`` of a packed run is the time of the whole pack's step it took part in.
+A run that reaches its steps leaves the pack; a run whose loss turns non-finite, or with ``stop_rising`` rises
+that far (:func:`~prge_lib.training.stopping.loss_rise`), is recorded as diverged (its last good state in its
+checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go on. ``step_s`` of a packed run is the time of the whole pack's step it took part in.
 """
 from __future__ import annotations
 
@@ -154,6 +154,11 @@ class PackedTrainer:
                 trainer, t = self.trainers[r], work[r][1]
                 if records[r]["finite"]:
                     trainer.book_step(t, records[r], took)
+                    rising = stopping.loss_rise(trainer.history["losses"], trainer.config.stop_rising) \
+                        if trainer.step < trainer.config.steps else None
+                    if rising is not None:          # over: recorded as diverged, and it leaves the pack
+                        self.diverged[r] = trainer.rose(rising)
+                        active.remove(r)
                 else:
                     self.diverged[r] = trainer.diverged(t, records[r])
                     active.remove(r)

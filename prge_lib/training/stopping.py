@@ -1,6 +1,8 @@
 """When a run stops before its last step: at a deadline (``prge reproduce --time-limit``) or when asked by a signal
 (Ctrl-C, ``kill``). Either way it stops after a whole step, saves a checkpoint there and the same command resumes it
-(chapter 7), so hours of steps are not lost to a session's end or a stray Ctrl-C.
+(chapter 7), so hours of steps are not lost to a session's end or a stray Ctrl-C. And, where asked
+(``--stop-rising``), once its training loss has risen far above where it started (:func:`loss_rise`): such a run
+is over, not paused, and is recorded as diverged, as one whose loss turned non-finite is.
 
 :func:`stop_on_signals` turns the first SIGINT or SIGTERM into such a request; the loops that train
 (``Trainer.run``, ``PackedTrainer.run``, the WikiText-2 curves) ask :func:`past` after each step, and a grid starts
@@ -9,13 +11,15 @@ no further cell once it is true. A second signal stops the process at once, as t
 from __future__ import annotations
 
 import signal
+import statistics
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Sequence
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LOSS_WINDOW = 50        # steps averaged at each end of a run's training loss (here, and in the sweeps' rules)
 _asked: list[str] = []          # the name of the signal that asked the runs to stop, while one has
 
 
@@ -71,3 +75,20 @@ def stop_on_signals(say: Callable[[str], None] = _say):
     finally:
         restore()
         _asked.clear()
+
+
+def loss_rise(losses: Sequence[float], factor: float | None) -> str | None:
+    """Why a run whose loss is still finite should stop as diverged (``--stop-rising factor``): it has made at least
+    2·:data:`LOSS_WINDOW` steps and the mean of its last ``LOSS_WINDOW`` losses exceeds ``factor`` times the mean of
+    its first (the means, not single steps: a ZO loss is noisy from step to step). None where it has not, or
+    without ``factor``. A rate past a method's edge sits at several times its starting loss for the rest of its
+    steps (chapter 8's random mask at lr 1e-1: 5.7 -> 20-26), a rate that trains ends below its start."""
+    window = LOSS_WINDOW
+    if factor is None or len(losses) < 2 * window:
+        return None
+    first, last = statistics.fmean(losses[:window]), statistics.fmean(losses[-window:])
+    if not last > factor * first:
+        return None
+    n = len(losses)
+    return (f"the mean training loss of steps {n - window + 1}-{n} is {last:.4g}, {last / first:.3g} times that of "
+            f"steps 1-{window} ({first:.4g}), above the --stop-rising factor {factor:g}")

@@ -388,12 +388,19 @@ class Trainer:
     def diverged(self, t: int, record: dict) -> TrainingDiverged:
         """Step ``t`` gave a non-finite loss (its update was not applied): save the last good state and return
         the error that says so."""
+        return self._stopped_diverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the update was "
+                                      f"not applied and training stopped", "the last good state", t)
+
+    def rose(self, why: str) -> TrainingDiverged:
+        """The loss, still finite, has risen past ``config.stop_rising`` (``why``: :func:`~prge_lib.training.
+        stopping.loss_rise`) after the step just booked: save the state and return the error that says so."""
+        return self._stopped_diverged(f"step {self.step}: {why}; training stopped", "its state", self.step)
+
+    def _stopped_diverged(self, what: str, state: str, t: int) -> TrainingDiverged:
         saved = self.save_checkpoint()
-        where = f"the last good state (after step {t}) is in {saved}" if saved else \
+        where = f"{state} (after step {t}) is in {saved}" if saved else \
             "no checkpoint folder was given, so nothing was saved"
-        return TrainingDiverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the "
-                                f"update was not applied and training stopped; {where}. Lower "
-                                f"the learning rate (now {self.config.lr}) or ε.")
+        return TrainingDiverged(f"{what}; {where}. Lower the learning rate (now {self.config.lr}) or ε.")
 
     def book_step(self, t: int, record: dict, took: float) -> dict:
         """Book the finite step ``t`` (its record, ``took`` seconds); returns the progress bar's postfix."""
@@ -422,7 +429,9 @@ class Trainer:
     def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict:
         """Train to ``config.steps`` and return :meth:`summary`. ``deadline`` (a ``time.time()`` value): once
         passed, or once a signal asks (:func:`~prge_lib.training.stopping.stop_on_signals`), stop after the
-        current step with a checkpoint there (:class:`TrainingStopped`). An existing
+        current step with a checkpoint there (:class:`TrainingStopped`). A non-finite loss, or with
+        ``config.stop_rising`` a loss risen that far (:func:`~prge_lib.training.stopping.loss_rise`), raises
+        :class:`TrainingDiverged` with the state saved. An existing
         checkpoint is continued with ``resume`` or discarded with ``restart``; with neither, the run refuses to
         start over it (:func:`check_checkpoint_folder`)."""
         c = self.config
@@ -439,6 +448,10 @@ class Trainer:
                 raise self.diverged(t, record)
             bar.set_postfix(self.record_step(t, record, took))
             bar.update(1)
+            rising = stopping.loss_rise(self.history["losses"], c.stop_rising) if self.step < c.steps else None
+            if rising is not None:
+                bar.close()
+                raise self.rose(rising)
             if stopping.past(deadline) and self.step < c.steps:
                 bar.close()
                 raise TrainingStopped(self.step, c.steps, self.save_checkpoint())
