@@ -199,6 +199,7 @@ def test_a_diverging_cell_is_recorded_and_the_grid_goes_on(tiny_env, tiny_folder
     assert not rp.cell_matches(cells[0], diverged) and not cells[0].checkpoint_dir(ck).exists()
     record, = rp.summarize("table1", res)
     assert record["steps"] == 4 and record["n"] == 2                     # the planned steps, both seeds
+    assert record["diverged"] == ["seed 0 after step 2 of 4 (loss not finite)"]
 
 
 def test_a_cell_whose_loss_rose_past_stop_rising_is_recorded_as_diverged_and_the_grid_goes_on(tiny_env, tiny_folder,
@@ -232,6 +233,11 @@ def test_a_cell_whose_loss_rose_past_stop_rising_is_recorded_as_diverged_and_the
     assert finished["status"] == "finished" and finished["steps"] == 4
     plain = _tiny_cells(tiny_folder)                     # the same cells without the option: done, not other settings
     assert not rp.cell_matches(plain[0], rose) and "2/2 done" in rp.list_cells(plain, res, ck)
+    record, = rp.summarize("table1", res)
+    assert record["diverged"] == ["seed 0 after step 3 of 4 (loss risen past --stop-rising 3)"]
+    assert ("Runs stopped as diverged, their test score read at their best validation step before the stop: P-RGE "
+            "(q = 4) on sst2: seed 0 after step 3 of 4 (loss risen past --stop-rising 3).") in \
+        rp.summary_markdown([record])
     assert not cells[0].checkpoint_dir(ck).exists()
 
 

@@ -138,6 +138,18 @@ def best_at_end(result: dict) -> bool | None:
     return max(later, key=lambda e: e["step"])["val"] >= result["best_val"]["val"]
 
 
+def diverged_at(result: dict) -> str | None:
+    """"seed 0 after step 707 of 1000 (loss risen past --stop-rising 3)" for a run recorded as diverged (its loss
+    turned non-finite, or rose past its ``stop_rising`` factor: :func:`~prge_lib.training.stopping.loss_rise`);
+    None for one that ran its steps."""
+    if result.get("status") != "diverged":
+        return None
+    factor = result["config"].get("stop_rising")
+    why = f"loss risen past --stop-rising {factor:g}" if "--stop-rising" in result.get("diverged", "") else \
+        "loss not finite"
+    return f"seed {result['seed']} after step {result['steps']} of {result['config']['steps']} ({why})"
+
+
 @functools.cache
 def majority_rate(task: str, seed: int, n_train: int, n_val: int, n_test: int) -> float | None:
     """Share of the commonest answer in the test examples the MeZO protocol draws for ``seed`` (the accuracy of
@@ -191,7 +203,8 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
     False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows),
     ``lrs_trained`` the rates tried at which some run did (None where a run recorded no start),
     ``best_at_end`` how many seeds' runs were at their best validation score at their last evaluation
-    (:func:`best_at_end`; None for zero-shot rows),
+    (:func:`best_at_end`; None for zero-shot rows), ``diverged`` the runs that stopped as diverged
+    (:func:`diverged_at`),
     ``majority`` the test split's commonest-answer rate in % (:func:`majority_rate`), ``fo_gain_share`` and
     ``paper_fo_gain_share`` as :func:`_add_gain_shares` sets them. Runs of one (task, row) that were set to
     different step counts are an error: their scores do not average."""
@@ -241,6 +254,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
                                           if device_of(r) == "cuda"})) or None,
             "trained": None if zero_shot or None in moved else any(moved),
             "best_at_end": None if zero_shot else sum(bool(best_at_end(r)) for r in runs),
+            "diverged": [text for text in map(diverged_at, runs) if text],
             "majority": _majority(runs),
             "processors": "+".join(sorted({name for r in runs for name in processors_of(r)})),
         })
@@ -454,6 +468,9 @@ def summary_markdown(records: list[dict]) -> str:
                    "was at its highest and more steps might have raised it: ",
                    [f"{r['label']} on {r['task']} ({r['best_at_end']} of {r['n']} seed{'s' * (r['n'] > 1)})"
                     for r in records if r.get("best_at_end")])
+    _add_paragraph(lines, "Runs stopped as diverged, their test score read at their best validation step before "
+                   "the stop: ", [f"{r['label']} on {r['task']}: {', '.join(r['diverged'])}"
+                                  for r in records if r.get("diverged")])
     shares = [r for r in records if r.get("fo_gain_share") is not None]
     if shares:
         lines.append("")

@@ -29,6 +29,7 @@ class SummaryRow(TypedDict):
     gpu_noise: str | None       # where the GPU runs' ZO noise came from ("torch", "counter"; None: no GPU run)
     trained: bool | None        # False: no seed left zero-shot (summaries.left_zero_shot); None: zero-shot row
     best_at_end: int | None     # seeds at their best validation score at their last evaluation (summaries.best_at_end)
+    diverged: list[str]         # the runs recorded as diverged, "seed 0 after step 707 of 1000" (summaries.diverged_at)
     majority: float | None      # percent: always giving the test sample's commonest answer (None: no classes)
     processors: str             # the processors the runs computed on, "+"-joined (summaries.processors_of)
     fo_gain_share: float | None         # (ZO - zero-shot) / (FO LoRA-FA - zero-shot) on this task
