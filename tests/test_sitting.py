@@ -55,6 +55,7 @@ def test_the_stages_in_priority_order(tmp_path):
         assert zo.resumable and command[command.index("--only") + 1] == f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge"
         assert ("--profile", "paper") == command[2:4] and "--pack" in command and "cuda" in command
         assert command[command.index("--checkpoint-root") + 1] == sitting.CHECKPOINTS == "build/gpu-checkpoints"
+        assert command[command.index("--stop-rising") + 1] == "3"     # a run far past its edge leaves its pack
     groups_check, groups_bench = stages.pop(4).commands      # packs in width groups: their graph check, then timed
     assert groups_check[:3] == ("gpu-check", "--checks", "pack_graphs,group_graphs,seed_replay")
     assert groups_bench[:3] == ("bench", "--configs", "optimised,packed-256,packed-256-lowp,packed-256-compiled,"

@@ -61,6 +61,7 @@ class Stage:
         return Path(out) / "stages" / f"{self.name}.json"
 
 
+PAPER_STOP_RISING = 3          # the paper-profile cells' --stop-rising factor (sitting_stages)
 GROUP_BUCKETS = ",".join(map(str, FINE_BUCKETS))     # fine enough that a group of short prompts pads little
 # the step at several q by engine (stage flat-q-engines; prge_lib.experiments.bench.methods.CONFIGS)
 FLAT_Q_CONFIGS = ("prge", "prge-fused", "prge-graphs")
@@ -144,16 +145,21 @@ def sitting_stages(out: Path, quantized: bool = False, paired_steps: int = 1000,
                "--seq-len", "64,128,256", "--dtype", "fp16", "--repeats", "5", "--no-peaks", "--keep-done",
                "--out", str(out / "flat_q" / "fp16_L{seq_len}.json"), *common),)
 
+    # a paper-profile run whose loss has climbed to several times its start is over (its best validation score is
+    # already recorded and no rate of the grid that far past its edge comes back): it leaves its pack as diverged
+    # instead of holding a place in it for the rest of its 20,000 steps (chapter 7, --stop-rising)
     kept = ("--checkpoint-root", str(checkpoints))
+    rising = ("--stop-rising", str(PAPER_STOP_RISING))
     # the rest of Table 1, then the confirm seeds of MeZO (Full), its two-stage row, at the rate its sweep chose
     table1 = tuple(("reproduce", "table1", "--profile", "paper", "--pack", "8", *stage, "--results-dir", results,
-                    *kept, *common) for stage in ((), ("--stage", "confirm")))
+                    *kept, *rising, *common) for stage in ((), ("--stage", "confirm")))
 
     def table1_zo(task: str) -> tuple[tuple[str, ...], ...]:
         # Table 1's core comparison first: zero-shot and the ZO LoRA-FA rows (MeZO q 1, P-RGE q 4 and 16) of one
         # task, in packs, before MeZO (Full)'s long solo cells
         return (("reproduce", "table1", "--profile", "paper", "--pack", "8", "--only",
-                 f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge", "--results-dir", results, *kept, *common),)
+                 f"{task}/zeroshot|{task}/mezo-lorafa|{task}/prge", "--results-dir", results, *kept, *rising,
+                 *common),)
     # chapter 10's Jetson path on a data-centre GPU: the same loop over a bitsandbytes NF4 base in fp16
     jetson = tuple(("train", "--task", "sst2", "--method", "prge", "--q", str(q), "--E", "16", "--steps",
                     str(jetson_steps), "--eval-every", str(max(jetson_steps // 3, 1)), "--n-test", "500", "--seed", "0",
