@@ -215,8 +215,6 @@ def stalled_rows(sweep: Iterable[Cell], results: Path = RESULTS,
     return stalled
 
 
-
-
 class Refinement(NamedTuple):
     """The rates a stalled row's sweep adds (:func:`stability_rates`): ``lrs``, the finer grid's rates between
     ``rose``, the smallest rate tried whose training loss rose, and ``fell``, the largest tried below it, whose loss

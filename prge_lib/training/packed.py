@@ -18,7 +18,8 @@ up to ``eval_together`` runs per forward; a run's ``eval_s`` counts the evaluati
 
 A run that reaches its steps leaves the pack; a run whose loss turns non-finite, or with ``stop_rising`` rises
 that far (:func:`~prge_lib.training.stopping.loss_rise`), is recorded as diverged (its last good state in its
-checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go on. ``step_s`` of a packed run is the time of the whole pack's step it took part in.
+checkpoint, its result with ``status`` "diverged") and leaves it too, and the others go on. ``step_s`` of a
+packed run is the time of the whole pack's step it took part in.
 """
 from __future__ import annotations
 
