@@ -195,6 +195,10 @@ def test_the_range_checks_of_the_command_exit_with_2_not_1(tmp_path, capsys):
     assert main(["reproduce", "table1", "--seeds", "0,-3", "--results-dir", str(tmp_path / "r"),
                  "--checkpoint-root", str(tmp_path / "c")]) == 2
     assert "seed must be a whole number from 0 to 4294967295, got -3" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--stop-rising", "0.5", "--list"]) == 2
+    assert "--stop-rising must be a number above 1" in capsys.readouterr().err
+    assert main(["reproduce", "runtime", "--stop-rising", "3", "--list"]) == 2
+    assert "--stop-rising stops training cells, and grid 'runtime' has none" in capsys.readouterr().err
 
 
 class _FakeRay:

@@ -33,6 +33,9 @@ def run_reproduce(args) -> int:
         check_numbers({"seed": seeds})
     overrides = {"steps": args.steps} if args.steps else {}
     if args.stop_rising is not None:
+        if all(row.method in ("bench", "lm", "zeroshot") for row in rp.GRIDS[args.grid]["rows"]):
+            raise ValueError(f"--stop-rising stops training cells, and grid {args.grid!r} has none (its cells are "
+                             f"benchmarks or WikiText-2 curves)")
         overrides["stop_rising"] = args.stop_rising
     benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
     if args.dtype != "fp32":
