@@ -232,7 +232,9 @@ def test_a_cell_whose_loss_rose_past_stop_rising_is_recorded_as_diverged_and_the
     assert rose["provenance"]["command"].endswith(f"--model {tiny_folder} --stop-rising 3")
     assert finished["status"] == "finished" and finished["steps"] == 4
     plain = _tiny_cells(tiny_folder)                     # the same cells without the option: done, not other settings
-    assert not rp.cell_matches(plain[0], rose) and "2/2 done" in rp.list_cells(plain, res, ck)
+    listing = rp.list_cells(plain, res, ck)
+    assert not rp.cell_matches(plain[0], rose) and "2/2 done" in listing
+    assert [line.split()[1:3] for line in listing.splitlines()[:2]] == [["done,", "diverged"], ["done"]]
     record, = rp.summarize("table1", res)
     assert record["diverged"] == ["seed 0 after step 3 of 4 (loss risen past --stop-rising 3)"]
     assert ("Runs stopped as diverged, their test score read at their best validation step before the stop: P-RGE "

@@ -13,7 +13,7 @@ from prge_lib.experiments.estimates import (device_kind, device_shares, device_s
                                             lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
-from prge_lib.experiments.results import ResultFileError, result_differs, twin_result
+from prge_lib.experiments.results import ResultFileError, read_result, result_differs, twin_result
 from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 
@@ -23,15 +23,17 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     settings (:func:`cell_matches`); "running": another process holds the cell's lock (:func:`cell_lock`); "same run
     in …": no result or checkpoint of its own, but another grid's folder holds this very run (:func:`twin_result`),
     which running the grid adopts at once; "unreadable": a result file or checkpoint that cannot be read, with the
-    reason."""
+    reason. A done cell whose run was recorded as diverged also has ``"diverged": True``."""
     steps = cell.steps()
     try:
         differ = result_differs(cell, results)
     except ResultFileError as err:
         return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
     if differ is not None:
-        state = "other settings (" + ", ".join(differ) + ")" if differ else "done"
-        return {"state": state, "step": steps, "steps": steps}
+        if differ:
+            return {"state": "other settings (" + ", ".join(differ) + ")", "step": steps, "steps": steps}
+        diverged = read_result(cell.result_path(results)).get("status") == "diverged"
+        return {"state": "done", "step": steps, "steps": steps, **({"diverged": True} if diverged else {})}
     running = cell_holder(cell, checkpoints) is not None
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
     step = 0
@@ -109,7 +111,7 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     lines = []
     for cell, st, seconds in zip(cells, priced["states"], priced["seconds"]):
         state = f"{st['state']} {st['step']}/{st['steps']}" if st["state"] in ("partial", "running") and st["steps"] \
-            else st["state"]
+            else "done, diverged" if st.get("diverged") else st["state"]
         line = f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}"
         if cell.name in packed:
             line = f"{line:<70} packed ×{packed[cell.name][0]} (pack {packed[cell.name][1]})"
