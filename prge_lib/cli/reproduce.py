@@ -159,8 +159,8 @@ def reproduce_options(rp) -> None:
                     help="run the cells whose name contains this text (comma-separated: all must match; "
                          "a|b: either, e.g. 'sst2/prge|sst2/mezo-lorafa')")
     rp.add_argument("--seeds", default=None, help="comma-separated seeds instead of the profile's")
-    rp.add_argument("--list", action="store_true", help="show each cell as done / running / partial / missing / "
-                                                         "unreadable, with the time left, and exit")
+    rp.add_argument("--list", action="store_true", help="show each cell as done (or 'done, diverged') / running / "
+                                                         "partial / missing / unreadable, with the time left, and exit")
     rp.add_argument("--restart", action="store_true",
                     help="discard the checkpoints of the cells it runs and start them again (instead of resuming)")
     rp.add_argument("--dry-run", action="store_true", help="--list, plus the command of every cell to run")
