@@ -33,7 +33,7 @@ def run_reproduce(args) -> int:
         check_numbers({"seed": seeds})
     overrides = {"steps": args.steps} if args.steps else {}
     if args.stop_rising is not None:
-        if all(row.method in ("bench", "lm", "zeroshot") for row in rp.GRIDS[args.grid]["rows"]):
+        if all(row.kind != "train" for row in rp.GRIDS[args.grid]["rows"]):
             raise ValueError(f"--stop-rising stops training cells, and grid {args.grid!r} has none (its cells are "
                              f"benchmarks or WikiText-2 curves)")
         overrides["stop_rising"] = args.stop_rising

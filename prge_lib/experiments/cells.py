@@ -47,7 +47,7 @@ class Cell:
 
     @property
     def kind(self) -> str:
-        return self.row.method if self.row.method in ("zeroshot", "bench", "lm") else "train"
+        return self.row.kind
 
     def config(self) -> dict:
         return dict(self.settings)

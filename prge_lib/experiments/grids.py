@@ -38,6 +38,11 @@ class Row:
     def __hash__(self):
         return hash(self.key)
 
+    @property
+    def kind(self) -> str:
+        """What its cells are: "zeroshot", "bench", "lm" (the WikiText-2 curves) or "train"."""
+        return self.method if self.method in ("zeroshot", "bench", "lm") else "train"
+
     def staged(self, profile: str) -> bool:
         """Whether this row runs in two stages under ``profile``: a sweep of its grid, then its confirm seeds at
         the best rate (:mod:`~prge_lib.experiments.stages`)."""

@@ -13,7 +13,7 @@ from prge_lib.experiments.estimates import (device_kind, device_shares, device_s
                                             lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
 from prge_lib.experiments.packs import plan_packs
-from prge_lib.experiments.results import ResultFileError, read_result, result_differs, twin_result
+from prge_lib.experiments.results import ResultFileError, cell_matches, read_result, twin_result
 from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 
@@ -25,14 +25,16 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     which running the grid adopts at once; "unreadable": a result file or checkpoint that cannot be read, with the
     reason. A done cell whose run was recorded as diverged also has ``"diverged": True``."""
     steps = cell.steps()
-    try:
-        differ = result_differs(cell, results)
-    except ResultFileError as err:
-        return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
-    if differ is not None:
+    path = cell.result_path(results)
+    if path.is_file():              # read once: whether it is this cell's result, and whether that run diverged
+        try:
+            result = read_result(path)
+        except ResultFileError as err:
+            return {"state": f"unreadable: {err.reason}", "step": 0, "steps": steps}
+        differ = cell_matches(cell, result)
         if differ:
             return {"state": "other settings (" + ", ".join(differ) + ")", "step": steps, "steps": steps}
-        diverged = read_result(cell.result_path(results)).get("status") == "diverged"
+        diverged = result.get("status") == "diverged"
         return {"state": "done", "step": steps, "steps": steps, **({"diverged": True} if diverged else {})}
     running = cell_holder(cell, checkpoints) is not None
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"

@@ -155,8 +155,7 @@ class PackedTrainer:
                 trainer, t = self.trainers[r], work[r][1]
                 if records[r]["finite"]:
                     trainer.book_step(t, records[r], took)
-                    rising = stopping.loss_rise(trainer.history["losses"], trainer.config.stop_rising) \
-                        if trainer.step < trainer.config.steps else None
+                    rising = trainer.rising()
                     if rising is not None:          # over: recorded as diverged, and it leaves the pack
                         self.diverged[r] = trainer.rose(rising)
                         active.remove(r)

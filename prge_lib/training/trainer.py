@@ -391,6 +391,13 @@ class Trainer:
         return self._stopped_diverged(f"step {t + 1}: the loss is {record['loss']} (not finite); the update was "
                                       f"not applied and training stopped", "the last good state", t)
 
+    def rising(self) -> str | None:
+        """Why the run should stop as diverged after the step just booked (:func:`~prge_lib.training.stopping.
+        loss_rise` under ``config.stop_rising``), or None; never after its last step, which finishes it."""
+        if self.step >= self.config.steps:
+            return None
+        return stopping.loss_rise(self.history["losses"], self.config.stop_rising)
+
     def rose(self, why: str) -> TrainingDiverged:
         """The loss, still finite, has risen past ``config.stop_rising`` (``why``: :func:`~prge_lib.training.
         stopping.loss_rise`) after the step just booked: save the state and return the error that says so."""
@@ -448,7 +455,7 @@ class Trainer:
                 raise self.diverged(t, record)
             bar.set_postfix(self.record_step(t, record, took))
             bar.update(1)
-            rising = stopping.loss_rise(self.history["losses"], c.stop_rising) if self.step < c.steps else None
+            rising = self.rising()
             if rising is not None:
                 bar.close()
                 raise self.rose(rising)
