@@ -60,6 +60,10 @@ def test_compare_scores_picks_the_test_and_the_word():
     assert clear["p"] == pytest.approx(1 - 11 * math.sqrt(3) / math.sqrt(363 + 2)) and clear["verdict"] == stats.DIFFERENCE
     other_seeds = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71, 5: 72})
     assert other_seeds["test"] == "Welch t" and other_seeds["verdict"] == stats.DIFFERENCE
+    # a seed more on one side: Welch over all four and three seeds, not paired on the three both ran
+    one_more = stats.compare_scores({0: 80, 1: 81, 2: 82, 3: 79}, {0: 70, 1: 70, 2: 70})
+    assert one_more["test"] == "Welch t" and one_more["n"] == (4, 3)
+    assert one_more["difference"] == pytest.approx(80.5 - 70)
     # the same gap with two seeds on one side: tested (p < ALPHA) but not called a difference
     two = stats.compare_scores({0: 80, 1: 81, 2: 82}, {3: 70, 4: 71})
     assert two["test"] == "Welch t" and two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS

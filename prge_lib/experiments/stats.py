@@ -3,7 +3,9 @@
 A seed fixes a run's data sample and its LoRA-A initialisation, so two rows run with the same seeds are paired:
 :func:`paired` tests the mean of the per-seed differences (paired t, and a percentile bootstrap over the seeds
 when there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t
-test (:func:`welch`). :func:`compare_rows` picks the test and words the verdict: "difference" only when the
+test (:func:`welch`) over all their seeds, also where one row ran a seed the other did not: pairing the seeds both
+ran would leave 2 degrees of freedom on three shared seeds, and pays only where the rows' scores move together over
+seeds, which so few seeds cannot show. :func:`compare_rows` picks the test and words the verdict: "difference" only when the
 two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
 three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
 difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
