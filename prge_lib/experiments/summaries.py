@@ -27,6 +27,7 @@ from prge_lib.experiments.cells import grid_folder
 from prge_lib.experiments.grids import GRIDS, Bracket, bracket, lr_text
 from prge_lib.experiments.results import check_file_cell, read_result
 from prge_lib.methods import registry
+from prge_lib.training.stopping import ROSE_PAST
 
 
 def load_results(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[dict]:
@@ -145,7 +146,7 @@ def diverged_at(result: dict) -> str | None:
     if result.get("status") != "diverged":
         return None
     factor = result["config"].get("stop_rising")
-    why = f"loss risen past --stop-rising {factor:g}" if "--stop-rising" in result.get("diverged", "") else \
+    why = f"loss risen past --stop-rising {factor:g}" if ROSE_PAST in result.get("diverged", "") else \
         "loss not finite"
     return f"seed {result['seed']} after step {result['steps']} of {result['config']['steps']} ({why})"
 

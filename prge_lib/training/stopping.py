@@ -20,6 +20,9 @@ from typing import Callable, Sequence
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LOSS_WINDOW = 50        # steps averaged at each end of a run's training loss (here, and in the sweeps' rules)
+# words of the reason loss_rise gives, by which a summary tells a stop on a risen loss from one on a non-finite
+# loss (summaries.diverged_at): result files already written carry them, so they stay as they are
+ROSE_PAST = "above the --stop-rising factor"
 _asked: list[str] = []          # the name of the signal that asked the runs to stop, while one has
 
 
@@ -92,4 +95,4 @@ def loss_rise(losses: Sequence[float], factor: float | None) -> str | None:
         return None
     n = len(losses)
     return (f"the mean training loss of steps {n - window + 1}-{n} is {last:.4g}, {last / first:.3g} times that of "
-            f"steps 1-{window} ({first:.4g}), above the --stop-rising factor {factor:g}")
+            f"steps 1-{window} ({first:.4g}), {ROSE_PAST} {factor:g}")
