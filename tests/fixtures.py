@@ -77,10 +77,14 @@ def small_trainer(tiny_factory, tokenizer, data, folder=None, **settings):
 
 
 def data_parallel_worker(rank: int, workers: int, port: int, settings: dict, model_folder: str, data_root: str,
-                         checkpoint_dir: str, kill_at: int | None = None) -> None:
+                         checkpoint_dir: str, kill_at: int | None = None, ask_at: int | None = None) -> None:
     """One worker of a data-parallel run on a local model folder, started by a test in its own process; with
-    ``kill_at`` the process of rank 1 dies (``os._exit``, no clean-up) as it begins step ``kill_at``."""
+    ``kill_at`` the process of rank 1 dies (``os._exit``, no clean-up) as it begins step ``kill_at``; with
+    ``ask_at`` rank 1 alone is asked to stop (as a signal would) during step ``ask_at``, and each worker that
+    stops writes what it said to ``stopped-<rank>.json`` beside the checkpoint folder."""
+    import json
     import os
+    from pathlib import Path
 
     from prge_lib.distributed.launch import loopback
 
@@ -102,10 +106,19 @@ def data_parallel_worker(rank: int, workers: int, port: int, settings: dict, mod
     trainer = DistributedTrainer(config, model, tokenizer, data, checkpoint_dir, progress=False, ddp_steps=0)
     step = trainer.method.step
 
+    from prge_lib.training import stopping
+    from prge_lib.training.trainer import TrainingStopped
+
     def dying_step(batch, t):
         if rank == 1 and t == kill_at:
             os._exit(9)
+        if rank == 1 and t == ask_at:
+            stopping._asked.append("SIGTERM")
         return step(batch, t)
 
     trainer.method.step = dying_step
-    trainer.run()
+    try:
+        trainer.run()
+    except TrainingStopped as stop:
+        said = {"step": stop.step, "message": str(stop), "checkpoint": str(stop.checkpoint or "")}
+        Path(checkpoint_dir).with_name(f"stopped-{rank}.json").write_text(json.dumps(said))

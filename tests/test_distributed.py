@@ -16,6 +16,11 @@ sum's order changes, which adds at most 2q·u·|ℓ| to β_ℓ. Observed: g agre
 import json
 import multiprocessing
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -50,6 +55,8 @@ def dp_run(fixture_data, tiny_folder, tmp_path_factory):
         code = main(["train", *options(SETTINGS), "--model", str(tiny_folder), "--workers", "2",
                      "--checkpoint-dir", str(checkpoints), "--out", str(out)])
     assert code == 0
+    # the launcher ran in this process and put back its signal handlers: Ctrl-C is KeyboardInterrupt again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     return {"result": json.loads(out.read_text()), "checkpoints": checkpoints, "folder": folder}
 
 
@@ -171,6 +178,59 @@ def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_
     assert resumed["replicas_identical"] is True
     assert resumed["communication"]["bytes_per_step"] == 4 * (SETTINGS["q"] + 1)
     assert "first_order_ddp" not in resumed["communication"]
+
+
+def test_a_signal_to_one_worker_stops_every_worker_after_the_same_step(dp_run, fixture_data, tiny_folder, tmp_path):
+    checkpoints, port = tmp_path / "run", free_port()
+    settings = {**SETTINGS, "model": str(tiny_folder), "checkpoint_every": 100}     # no periodic checkpoint
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=data_parallel_worker, args=(rank, 2, port, settings, str(tiny_folder),
+                                                                str(fixture_data), str(checkpoints), None, 1))
+               for rank in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        if w.is_alive():
+            w.kill()
+    assert [w.exitcode for w in workers] == [0, 0]      # both stopped, neither left waiting for the other
+    said = [json.loads((tmp_path / f"stopped-{rank}.json").read_text()) for rank in range(2)]
+    # rank 1 was asked during step 2 (t = 1); rank 0 never was, and stops after the same step with the checkpoint
+    assert [s["step"] for s in said] == [2, 2]
+    assert said[0]["message"].startswith("stopped by a signal to another worker after step 2 of 4; its checkpoint")
+    assert said[1]["message"].startswith("stopped by SIGTERM after step 2 of 4; no checkpoint folder")
+    assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == 2
+
+    out = tmp_path / "resumed.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
+        code = main(["train", *options(SETTINGS), "--model", str(tiny_folder), "--workers", "2", "--ddp-steps", "0",
+                     "--checkpoint-dir", str(checkpoints), "--resume", "--out", str(out)])
+    assert code == 0
+    resumed, whole = json.loads(out.read_text()), dp_run["result"]
+    assert resumed["losses"] == whole["losses"] and resumed["projected_grad"] == whole["projected_grad"]
+    assert resumed["resumed_at_steps"] == [2] and resumed["replicas_identical"] is True
+
+
+def test_a_signal_to_the_launcher_stops_the_workers_with_a_checkpoint(fixture_data, tiny_folder, tmp_path):
+    checkpoints = tmp_path / "run"
+    argv = [sys.executable, "-m", "prge_lib.cli.main", "train", *options({**SETTINGS, "steps": 100_000}),
+            "--model", str(tiny_folder), "--workers", "2", "--checkpoint-dir", str(checkpoints),
+            "--out", str(tmp_path / "r.json")]
+    env = {**os.environ, "PRGE_DATA_DIR": str(fixture_data), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}
+    launcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "checkpoint.pt").is_file() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)                                 # the first checkpoint (step 2): the workers are training
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err
+    stopped = re.findall(r"prge: stopped by (SIGTERM|a signal to another worker) after step (\d+) of 100000; "
+                         r"its checkpoint is (\S+)", err)
+    assert len(stopped) == 1, err                       # rank 0 alone speaks
+    step = int(stopped[0][1])
+    assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == step >= 2
+    assert "Traceback" not in err and not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.parametrize("argv, message", [

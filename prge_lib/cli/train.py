@@ -82,15 +82,16 @@ def run_train(args) -> int:
         trainer = Trainer(config, checkpoint_dir=args.checkpoint_dir, method_builder=builder)
     model = config.model or EMBEDDED
     message = None
-    # one process with a checkpoint folder: a first Ctrl-C or kill stops after the step with a checkpoint there
-    # (data-parallel workers must stop after the same step, so they keep Python's own handling)
-    gentle = stop_on_signals() if args.checkpoint_dir and args.workers == 1 else contextlib.nullcontext()
+    # with a checkpoint folder, a first Ctrl-C or kill stops after the step with a checkpoint there (data-parallel
+    # workers agree on the step: the launcher forwards the signal to each, DistributedTrainer.stop_reason)
+    gentle = stop_on_signals() if args.checkpoint_dir else contextlib.nullcontext()
     try:
         with gentle:
             summary = trainer.run(resume=args.resume, restart=args.restart)
         result = finished_record(summary, model) if summary is not None else None
     except TrainingStopped as stop:
-        print(f"prge: {stop}: rerun with --resume", file=sys.stderr)
+        if getattr(trainer, "rank", 0) == 0:        # rank 0 holds the checkpoint and speaks for the workers
+            print(f"prge: {stop}: rerun with --resume", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         saved = trainer.checkpoint_path()

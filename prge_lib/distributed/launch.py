@@ -6,10 +6,17 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import signal
 from pathlib import Path
 from typing import Sequence
 
 from prge_lib.distributed.wire import free_port
+
+
+# seconds the launcher waits, after passing a signal on, for the workers to finish their step and for rank 0 to
+# write its checkpoint, before it kills them (torch's default is 30; a step of a large model on a CPU, or an
+# evaluation under way when the signal came, takes longer: past this, the run resumes from its last checkpoint)
+SHUTDOWN_WAIT_S = 600
 
 
 def is_worker() -> bool:
@@ -31,10 +38,13 @@ def loopback() -> str:
 @contextlib.contextmanager
 def worker_environment():
     """The environment the workers inherit: gloo on the loopback interface (unless ``GLOO_SOCKET_IFNAME`` says
-    otherwise), one thread each unless ``OMP_NUM_THREADS`` is set, and this library first on the path."""
+    otherwise), one thread each unless ``OMP_NUM_THREADS`` is set, and this library first on the path. The launcher
+    itself waits ``SHUTDOWN_WAIT_S`` (unless ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` says otherwise) for workers it has
+    passed a signal to before it kills them."""
     here = str(Path(__file__).resolve().parents[2])
     values = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", loopback()),
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+              "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_WAIT_S)),
               "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])}
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -51,15 +61,33 @@ def worker_environment():
 def launch(argv: Sequence[str], workers: int) -> int:
     """Run ``prge <argv>`` as ``workers`` workers and return the command's exit status: 0 when every worker
     finished, else rank 0's status (the lowest failed rank's if rank 0 was stopped by the launcher), so a
-    diverged run still exits with 3 and an interrupted one with 130."""
+    diverged run still exits with 3 and an interrupted one with 130. A signal to this process (Ctrl-C, a kill) is
+    passed to every worker, which stop after the same step, rank 0 with a checkpoint (``--checkpoint-dir``); 130."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     options = get_args_parser().parse_args(launcher_options(argv, workers))
-    with worker_environment():
+    with worker_environment(), own_signal_handlers():
         try:
             run(options)
         except ChildFailedError as err:
             own = {rank: f.exitcode for rank, f in err.failures.items() if f.exitcode > 0}   # not a signal
             return own.get(0) or (own[min(own)] if own else 1)
+        except SignalException:         # the workers have had the signal and have stopped (rank 0 said where)
+            return 130
     return 0
+
+
+@contextlib.contextmanager
+def own_signal_handlers():
+    """Put back this process's handlers of the signals the launcher takes over (it leaves its own installed, and a
+    later Ctrl-C in the same Python session, a notebook's, would raise its exception instead of
+    KeyboardInterrupt)."""
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    saved = {s: signal.getsignal(s) for s in (getattr(signal, n) for n in names if hasattr(signal, n))}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

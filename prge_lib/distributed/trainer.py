@@ -5,9 +5,10 @@ Every worker holds the model, the data sample and the adapter, and makes the sam
 alone evaluates, writes checkpoints and returns the result; at each evaluation every worker hashes its adapter and
 the hashes are gathered (32 bytes a worker), recorded as ``replicas_identical``. A stopped run resumes from rank
 0's checkpoint, which every worker reads (the checkpoint folder is one all workers see: one machine, or a shared
-disk). The result is a training result (the schema of ``Trainer.run``) plus ``replicas_identical``, ``distributed``
-and ``communication``: the bytes measured on the wire per step, beside first-order DDP's for LoRA-FA and for the
-full model on the same workers (:mod:`prge_lib.distributed.ddp`).
+disk). A signal stops every worker after the same step (:meth:`DistributedTrainer.stop_reason`), rank 0 with a
+checkpoint there. The result is a training result (the schema of ``Trainer.run``) plus ``replicas_identical``,
+``distributed`` and ``communication``: the bytes measured on the wire per step, beside first-order DDP's for
+LoRA-FA and for the full model on the same workers (:mod:`prge_lib.distributed.ddp`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from prge_lib.distributed.ddp import SPACES, ddp_bytes_per_step
 from prge_lib.distributed.method import DataParallelPRGE, check_data_parallel
 from prge_lib.zo.replay import adapter_digest
 from prge_lib.distributed.wire import Wire
+from prge_lib.training import stopping
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.trainer import Trainer, build_method
 
@@ -61,6 +63,17 @@ class DistributedTrainer(Trainer):
         self.history.setdefault("replica_checks", []).append({"step": step, "identical": identical,
                                                               "sha256": digest})
         return identical
+
+    def stop_reason(self, deadline: float | None) -> str | None:
+        """Every worker stops after the same step: each says whether a signal asked it to stop, the answers are
+        summed over the workers (4 bytes each, tallied "stop"), and all stop where any was asked. A worker stopped
+        by another's signal says so (the launcher forwards a signal to every worker, but not at the same instant:
+        one may see it a step before the others, and would otherwise leave them waiting in the next step's
+        all-reduce until the launcher kills them, with no checkpoint of that step)."""
+        asked = torch.tensor([1.0 if stopping.past(deadline) else 0.0], device=self.method.device)
+        if self.wire.all_reduce(asked, "stop").item() == 0:
+            return None
+        return stopping.reason() if stopping.past(deadline) else "a signal to another worker"
 
     # ----- the run
     def run(self, resume: bool = False, deadline: float | None = None, restart: bool = False) -> dict | None:

@@ -55,10 +55,10 @@ class TrainingStopped(RuntimeError):
     (:mod:`prge_lib.training.stopping`): it stopped after a step and saved a checkpoint there, so the same run
     resumes from it."""
 
-    def __init__(self, step: int, steps: int, checkpoint: Path | None):
+    def __init__(self, step: int, steps: int, checkpoint: Path | None, why: str | None = None):
         self.step, self.steps, self.checkpoint = step, steps, checkpoint
         where = f"its checkpoint is {checkpoint}" if checkpoint else "no checkpoint folder was given"
-        super().__init__(f"stopped by {stopping.reason()} after step {step} of {steps}; {where}")
+        super().__init__(f"stopped by {why or stopping.reason()} after step {step} of {steps}; {where}")
 
 
 def build_method(config: TrainConfig, model, tokenizer=None, task_batches=None, start=None):
@@ -459,11 +459,17 @@ class Trainer:
             if rising is not None:
                 bar.close()
                 raise self.rose(rising)
-            if stopping.past(deadline) and self.step < c.steps:
+            why = self.stop_reason(deadline) if self.step < c.steps else None
+            if why is not None:
                 bar.close()
-                raise TrainingStopped(self.step, c.steps, self.save_checkpoint())
+                raise TrainingStopped(self.step, c.steps, self.save_checkpoint(), why)
         bar.close()
         return self.summary()
+
+    def stop_reason(self, deadline: float | None) -> str | None:
+        """Why the run should stop after the step it just made (:func:`~prge_lib.training.stopping.reason`: a
+        signal, or ``deadline`` passed), or None to go on."""
+        return stopping.reason() if stopping.past(deadline) else None
 
     def summary(self) -> dict:
         """The result: settings, per-step losses, evaluations, test at best validation and at the end."""
