@@ -293,8 +293,9 @@ def test_the_summary_command_names_a_missing_folder(tmp_path, capsys):
     assert not (tmp_path / "absent").exists()
 
 
-def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_path):
-    from prge_lib.experiments.federated_summary import write_summary
+def test_the_summary_tests_over_seeds_in_chapter_7s_words(tmp_path):
+    from prge_lib.experiments import stats
+    from prge_lib.experiments.federated_summary import read_runs, seed_test, write_summary
 
     finals = {"centralised": (0.60, 0.62, 0.64), "iid": (0.61, 0.62, 0.66), "label-skew": (0.50, 0.51, 0.53)}
     for config, values in finals.items():
@@ -308,17 +309,21 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
             (tmp_path / f"{config}_seed{seed}.json").write_text(json.dumps(record))
     summary = write_summary(tmp_path)
     tests = {(t["a"], t["b"]): t for t in summary["tests"]}
-    assert tests[("iid", "centralised")]["verdict"] == "no difference detected"       # +1, +0, +2 points
+    assert tests[("iid", "centralised")]["verdict"] == stats.NO_DIFFERENCE            # +1, +0, +2 points
+    assert tests[("iid", "centralised")]["test"] == "paired t"
     assert abs(tests[("iid", "centralised")]["difference"] - 1.0) < 1e-9
     assert tests[("label-skew", "centralised")]["verdict"] == "difference"             # −10, −11, −11 points
-    assert summary["rows"]["iid"]["final"]["n"] == 3 and "no difference detected" in (tmp_path / "summary.md").read_text()
+    assert summary["rows"]["iid"]["final"]["n"] == 3
+    assert f"- iid − centralised: {stats.describe(tests[('iid', 'centralised')])}" in (tmp_path / "summary.md").read_text()
     # two seeds: the label-skew gap still has p < 0.05, but two seeds a side are not called a difference
-    from prge_lib.experiments import stats
-    from prge_lib.experiments.federated_summary import paired_test, read_runs
     runs = read_runs(tmp_path)
-    two = paired_test({s: runs["label-skew"][s] for s in (0, 1)}, {s: runs["centralised"][s] for s in (0, 1)},
-                      "label-skew", "centralised")
+    two = seed_test({s: runs["label-skew"][s] for s in (0, 1)}, {s: runs["centralised"][s] for s in (0, 1)},
+                    "label-skew", "centralised")
     assert two["p"] < stats.ALPHA and two["verdict"] == stats.FEW_SEEDS
+    # other seeds on one side: Welch's test, as in chapter 7; no runs on one side: untested, and said so
+    other = seed_test(runs["label-skew"], {s + 3: r for s, r in runs["centralised"].items()}, "label-skew", "centralised")
+    assert other["test"] == "Welch t" and other["verdict"] == stats.DIFFERENCE
+    assert seed_test(runs["iid"], {}, "drop 0.5", "all on time")["verdict"] == "untested: no runs of all on time"
     # accuracy against the clients a round: C 2 is the iid run, the others come from clients/, paired C max − C min
     assert list(summary["clients"]["rows"]) == ["2"] and summary["clients"]["test"] is None
     (tmp_path / "clients").mkdir()
@@ -354,7 +359,7 @@ def test_the_summary_pairs_seeds_and_says_when_no_difference_is_detected(tmp_pat
     assert abs(uploads["rows"]["drop 0.8"]["lost_share"]["mean"] - 0.8) < 1e-12
     assert abs(uploads["rows"]["late 0.5"]["late_share"]["mean"] - 0.4) < 1e-12
     tests = {t["a"]: t for t in uploads["tests"]}
-    assert tests["drop 0.5"]["verdict"] == "no difference detected"                        # −1, −2, 0 points
+    assert tests["drop 0.5"]["verdict"] == stats.NO_DIFFERENCE                        # −1, −2, 0 points
     assert tests["drop 0.8"]["verdict"] == "difference" and abs(tests["drop 0.8"]["difference"] + 10) < 1e-9
     assert abs(tests["late 0.5"]["difference"] - 1 / 3) < 1e-9                             # +1, −1, +1 points
     assert "| drop 0.8 | 80 % | 0 % | 8.0 | 61.0 ± 1.0 (3) |" in (tmp_path / "summary.md").read_text()

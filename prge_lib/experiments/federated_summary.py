@@ -1,8 +1,9 @@
 """The summary of the federated SST-2 runs (chapter 11; ``tools/run_federated``): per configuration (centralised,
-federated iid, federated label-skew) the test accuracy over seeds (mean ± sd), and paired t tests over seeds of
-federated − centralised and label-skew − iid (:func:`prge_lib.experiments.stats.paired`); a p of 0.05 or more
-reads "no difference detected", and a smaller one on fewer than three seeds is not called a difference. Beside them, accuracy against the clients a round (``clients/``,
-``tools/run_federated_clients``) and when uploads are lost or late (``uploads/``,
+federated iid, federated label-skew) the test accuracy over seeds (mean ± sd), and chapter 7's test over seeds of
+federated − centralised and label-skew − iid (:func:`prge_lib.experiments.stats.compare_scores`: paired where both
+ran the same seeds, Welch otherwise; a p below 0.05 on fewer than three seeds a side is not called a difference),
+in its words (:func:`~prge_lib.experiments.stats.describe`). Beside them, accuracy against the clients a round
+(``clients/``, ``tools/run_federated_clients``) and when uploads are lost or late (``uploads/``,
 ``tools/run_federated_uploads``). Written as ``summary.json`` and ``summary.md`` beside the runs.
 
 ``python -m prge_lib.experiments.federated_summary data/results/federated``
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from prge_lib.common.paths import RESULTS
 from prge_lib.common.provenance import atomic_file
-from prge_lib.experiments.stats import NO_DIFFERENCE, paired, verdict_of
+from prge_lib.experiments.stats import compare_scores, describe
 
 CONFIGS = ("centralised", "iid", "label-skew")
 LABELS = {"centralised": "centralised P-RGE (same batches as iid)", "iid": "federated, iid shards",
@@ -36,16 +37,14 @@ def read_runs(folder: str | Path = FOLDER) -> dict[str, dict[int, dict]]:
     return runs
 
 
-def paired_test(a_runs: dict[int, dict], b_runs: dict[int, dict], a: str, b: str) -> dict:
-    """The paired t test over the seeds both have of the test accuracy (in %) of ``a_runs`` − ``b_runs``
-    ({seed: record}), named a and b, with its verdict; with fewer than 2 such seeds, only the verdict "untested"."""
-    seeds = sorted(set(a_runs) & set(b_runs))
-    if len(seeds) < 2:
-        return {"a": a, "b": b, "seeds": seeds, "verdict": "fewer than 2 paired seeds: untested"}
-    result = paired([100 * a_runs[s]["final"]["test"] for s in seeds], [100 * b_runs[s]["final"]["test"] for s in seeds])
-    verdict = verdict_of(result["p"], len(seeds))          # a p below ALPHA on two seeds is not a difference
-    return result | {"a": a, "b": b, "seeds": seeds,
-                     "verdict": "no difference detected" if verdict == NO_DIFFERENCE else verdict}
+def seed_test(a_runs: dict[int, dict], b_runs: dict[int, dict], a: str, b: str) -> dict:
+    """Chapter 7's test over seeds (:func:`~prge_lib.experiments.stats.compare_scores`) of the test accuracy (in %)
+    after training of ``a_runs`` − ``b_runs`` ({seed: record}), named a and b; a side without runs is untested."""
+    if not a_runs or not b_runs:
+        return {"a": a, "b": b, "p": None, "verdict": f"untested: no runs of {b if a_runs else a}"}
+    result = compare_scores({s: 100 * r["final"]["test"] for s, r in a_runs.items()},
+                            {s: 100 * r["final"]["test"] for s, r in b_runs.items()})
+    return result | {"a": a, "b": b, "seeds": (sorted(a_runs), sorted(b_runs))}
 
 
 def _spread(values: list[float]) -> dict:
@@ -70,7 +69,7 @@ def summarize(folder: str | Path = FOLDER) -> dict:
             rows[config]["communication"] = {k: comm[k] for k in ("upload_bytes_per_client_round",
                                                                   "download_bytes_per_client_round",
                                                                   "first_order_fedavg_upload_bytes_per_client_round")}
-    tests = [paired_test(runs[a], runs[b], a, b) for a, b in COMPARISONS]
+    tests = [seed_test(runs[a], runs[b], a, b) for a, b in COMPARISONS]
     any_run = next((r for by_seed in runs.values() for r in by_seed.values()), None)
     return {"kind": "federated-summary", "rows": rows, "tests": tests, "clients": clients_summary(folder, runs),
             "uploads": uploads_summary(folder),
@@ -83,7 +82,7 @@ def summarize(folder: str | Path = FOLDER) -> dict:
 def clients_summary(folder: str | Path, runs: dict[str, dict[int, dict]]) -> dict:
     """Accuracy against the clients a round, C, at one budget of local steps (``tools/run_federated_clients``):
     per C, over seeds, the test accuracy after training, its gain over zero-shot and the last round's loss
-    (C 2 is the iid run of ``folder``, the others ``clients/iid_C<C>_seed<N>.json``), and the paired t test of
+    (C 2 is the iid run of ``folder``, the others ``clients/iid_C<C>_seed<N>.json``), and :func:`seed_test` of
     the largest C against the smallest."""
     by_c: dict[int, dict[int, dict]] = {}
     for seed, record in runs["iid"].items():
@@ -102,8 +101,8 @@ def clients_summary(folder: str | Path, runs: dict[str, dict[int, dict]]) -> dic
     test = None
     if len(by_c) >= 2:
         low, high = min(by_c), max(by_c)
-        test = paired_test(by_c[high], by_c[low], f"C {high}", f"C {low}")
-        test = test if "p" in test else None
+        test = seed_test(by_c[high], by_c[low], f"C {high}", f"C {low}")
+        test = test if test["p"] is not None else None
     return {"rows": rows, "test": test}
 
 
@@ -112,7 +111,7 @@ def uploads_summary(folder: str | Path) -> dict:
     upload lost with chance p; "late p": each comes a round late with chance p), over seeds, the test accuracy, its
     gain over zero-shot, the last round's loss, the shares of uploads lost and late, and the rounds with none
     arrived, at the C and S of those runs; the condition "all on time" is the run of ``clients/`` with that C (or the
-    iid run where C is 2); and each condition against it as a paired t test over the seeds both have."""
+    iid run where C is 2); and each condition against it by :func:`seed_test`."""
     runs: dict[str, dict[int, dict]] = {}
     for path in sorted((Path(folder) / "uploads").glob("iid_C*_seed*.json")):
         record = json.loads(path.read_text())
@@ -142,7 +141,7 @@ def uploads_summary(folder: str | Path) -> dict:
                            "late_share": _spread([x["delayed"] / x["of"] if x else 0.0 for x in late]),
                            "rounds_with_none_arrived": _spread([x.get("rounds_with_none_arrived", 0) for x in lost])}
         if condition != ON_TIME:
-            tests.append(paired_test(by_seed, runs.get(ON_TIME, {}), condition, ON_TIME))
+            tests.append(seed_test(by_seed, runs.get(ON_TIME, {}), condition, ON_TIME))
     return {"rows": rows, "tests": tests}
 
 
@@ -166,12 +165,8 @@ def markdown(summary: dict) -> str:
     for row in summary["rows"].values():
         lines.append(f"| {row['label']} | {cell_text(row['zero_shot'])} | {cell_text(row['final'])} | {cell_text(row['gain'])} |")
     lines += ["", "Test accuracy (%) on the first 500 test sentences of each seed: mean ± sd over seeds (number of "
-              "seeds). Paired t tests over seeds:", ""]
-    for t in summary["tests"]:
-        if "p" not in t:
-            lines.append(f"- {t['a']} − {t['b']}: {t['verdict']}")
-            continue
-        lines.append(test_line(t))
+              "seeds). Tests over seeds (paired where both ran the same seeds, Welch otherwise; α = 0.05):", ""]
+    lines += [test_line(t) for t in summary["tests"]]
     clients = summary.get("clients") or {"rows": {}}
     if len(clients["rows"]) > 1:
         lines += ["", "Clients a round (C), each taking S local steps, at one budget of C·S local steps a round:", "",
@@ -193,15 +188,24 @@ def markdown(summary: dict) -> str:
                          f"{100 * row['late_share']['mean']:.0f} % | {row['rounds_with_none_arrived']['mean']:.1f} | "
                          f"{cell_text(row['final'])} | {cell_text(row['gain'])} | "
                          f"{cell_text(row['last_round_loss'], 2)} |")
-        lines += [""] + [test_line(t) if "p" in t else f"- {t['a']} − {t['b']}: {t['verdict']}"
-                         for t in uploads["tests"]]
+        lines += [""] + [test_line(t) for t in uploads["tests"]]
     return "\n".join(lines) + "\n"
 
 
+def test_words(t: dict) -> str:
+    """A :func:`seed_test` in :func:`~prge_lib.experiments.stats.describe`'s words (its verdict alone where a side
+    had no runs)."""
+    return describe(t) if "difference" in t else t["verdict"]
+
+
+def test_text(t: dict) -> str:
+    """A :func:`seed_test` named: "a − b: " and :func:`test_words`."""
+    return f"{t['a']} − {t['b']}: {test_words(t)}"
+
+
 def test_line(t: dict) -> str:
-    """One paired t test as a line: the difference, t, p, its 95% CI and the verdict."""
-    return (f"- {t['a']} − {t['b']}: {t['difference']:+.1f} points, t({t['df']}) = {t['statistic']:.2f}, "
-            f"p = {t['p']:.2g}, 95% CI [{t['ci'][0]:.1f}, {t['ci'][1]:.1f}]: {t['verdict']}")
+    """A :func:`seed_test` as a line of the summary's lists."""
+    return f"- {test_text(t)}"
 
 
 def write_summary(folder: str | Path) -> dict:
