@@ -15,7 +15,7 @@ import torch
 from prge_lib.cli.main import main
 from prge_lib.common.provenance import atomic_file
 from prge_lib.experiments import reproduce as rp
-from prge_lib.experiments import runner
+from prge_lib.experiments import runner, status
 from prge_lib.training.checkpoints import CheckpointError, read_checkpoint
 
 from fixtures import small_trainer
@@ -275,6 +275,28 @@ def test_list_shows_an_unreadable_cell_and_goes_on(tmp_path):
     assert "unreadable: holds a JSON list" in lines[0]
     assert "unreadable: truncated or not a torch checkpoint" in lines[1]
     assert "missing" in lines[2] and lines[3].startswith("0/3 done")
+
+
+def test_list_names_another_root_that_holds_cells_it_calls_missing(tmp_path, monkeypatch):
+    """A run started with --checkpoint-root X is missing to a --list without it: the listing says where it is."""
+    monkeypatch.setenv("PRGE_CACHE_DIR", str(tmp_path / "cache"))
+    cells = rp.grid_cells("table1", "cpu", seeds=[0, 1, 2], only="sst2/prge-q4", **TINY)
+    res, clone = tmp_path / "res", tmp_path / "clone"
+    cells[0].checkpoint_dir(clone).mkdir(parents=True)
+    (cells[0].checkpoint_dir(clone) / "checkpoint.pt").write_bytes(b"step 300")
+    default = rp.checkpoint_root(None)
+    monkeypatch.setattr(status, "other_checkpoint_roots", lambda checkpoints: [clone, default])
+    with rp.cell_lock(cells[2], default):                        # and one running under the default root
+        assert status.elsewhere_checkpoints(cells, clone) == {clone: 1, default: 1}
+        listing = rp.list_cells(cells, res, None).splitlines()
+    assert [line.split()[1] for line in listing[:3]] == ["missing", "missing", "running"]
+    assert listing[-1] == (f"1 cell listed missing has a checkpoint or a running process under {clone}: "
+                           f"--checkpoint-root {clone} lists its step (and resumes it)")
+    # the real roots: the cache folder's, and the clone's data/checkpoints, each when it exists and is not in use
+    monkeypatch.undo()
+    monkeypatch.setenv("PRGE_CACHE_DIR", str(tmp_path / "cache"))
+    roots = status.other_checkpoint_roots(clone)
+    assert default in roots and clone not in roots and default not in status.other_checkpoint_roots(None)
 
 
 def test_summary_refuses_a_result_filed_under_another_cell(tmp_path):

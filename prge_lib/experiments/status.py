@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prge_lib.common.paths import RESULTS
-from prge_lib.experiments.cells import Cell
+from prge_lib.common.paths import REPO, RESULTS
+from prge_lib.experiments.cells import Cell, checkpoint_root
 from prge_lib.experiments.estimates import (device_kind, device_shares, device_step_share, estimate_seconds,
                                             lm_seconds, pack_step_share, step_basis)
 from prge_lib.experiments.locks import cell_holder
@@ -151,7 +151,43 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
     lm = next((cell for cell in cells if cell.kind == "lm"), None)
     if lm is not None:
         lines.append(f"WikiText-2 curves priced from {lm_seconds(lm.config()['seq_len'], results)[2]}")
+    missing = [cell for cell, st in zip(cells, priced["states"]) if st["state"] == "missing"]
+    lines += [f"{count} cell{' listed missing has' if count == 1 else 's listed missing have'} a checkpoint or a "
+              f"running process under {_shown(root)}: --checkpoint-root {_shown(root)} lists "
+              f"{'its step' if count == 1 else 'their steps'} (and resumes {'it' if count == 1 else 'them'})"
+              for root, count in elsewhere_checkpoints(missing, checkpoints).items()]
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a user would type it here: relative to the working folder where it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def other_checkpoint_roots(checkpoints: Path | None) -> list[Path]:
+    """The checkpoint roots a reproduction may have used other than ``checkpoints`` (its default when None): the
+    cache folder's (:func:`~prge_lib.experiments.cells.checkpoint_root`) and the clone's ``data/checkpoints``
+    (README: where git carries them to another machine)."""
+    here = checkpoint_root(checkpoints).resolve()
+    roots = [checkpoint_root(None), *([REPO / "data" / "checkpoints"] if REPO else [])]
+    return [root for root in roots if root.resolve() != here and root.is_dir()]
+
+
+def elsewhere_checkpoints(cells: list[Cell], checkpoints: Path | None) -> dict[Path, int]:
+    """{root: how many of ``cells``} with a checkpoint, or a process running them, under another of
+    :func:`other_checkpoint_roots`: a cell ``--list`` calls missing that is in fact under way (or stopped) there,
+    which running it with this root would start over beside."""
+    found = {}
+    for root in other_checkpoint_roots(checkpoints):
+        count = 0
+        for cell in cells:
+            count += (cell.checkpoint_dir(root) / "checkpoint.pt").is_file() or cell_holder(cell, root) is not None
+        if count:
+            found[root] = count
+    return found
 
 
 def _shares(cell: Cell, packed: dict, pack_shares: dict, elsewhere: dict) -> tuple[float, float]:
