@@ -149,12 +149,11 @@ def test_an_adapter_replays_from_its_seed_and_projected_gradients(dp_run, tiny_f
         replay(off, [[0.0, 0.0, 0.0]])
 
 
-def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_folder, tmp_path):
-    checkpoints, port = tmp_path / "run", free_port()
-    settings = {**SETTINGS, "model": str(tiny_folder)}
-    spawn = multiprocessing.get_context("spawn")
+def run_workers(settings: dict, tiny_folder, fixture_data, checkpoints, kill_at=None, ask_at=None) -> list[int]:
+    """Two workers of a run (tests/fixtures.py's data_parallel_worker), each in its own process: their exit codes."""
+    port, spawn = free_port(), multiprocessing.get_context("spawn")
     workers = [spawn.Process(target=data_parallel_worker, args=(rank, 2, port, settings, str(tiny_folder),
-                                                                str(fixture_data), str(checkpoints), 2))
+                                                                str(fixture_data), str(checkpoints), kill_at, ask_at))
                for rank in range(2)]
     for w in workers:
         w.start()
@@ -162,17 +161,27 @@ def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_
         w.join(timeout=120)
         if w.is_alive():
             w.kill()
-    assert workers[1].exitcode == 9            # killed as it began step 3
-    assert workers[0].exitcode != 0            # its peer gone, rank 0's all-reduce failed
-    assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == 2
+    return [w.exitcode for w in workers]
 
-    out = tmp_path / "resumed.json"
+
+def resume_workers(fixture_data, tiny_folder, checkpoints, out) -> dict:
+    """`prge train --workers 2 --resume` of the stopped run in ``checkpoints``: its result."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRGE_DATA_DIR", str(fixture_data))
         code = main(["train", *options(SETTINGS), "--model", str(tiny_folder), "--workers", "2", "--ddp-steps", "0",
                      "--checkpoint-dir", str(checkpoints), "--resume", "--out", str(out)])
     assert code == 0
-    resumed, whole = json.loads(out.read_text()), dp_run["result"]
+    return json.loads(out.read_text())
+
+
+def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_folder, tmp_path):
+    checkpoints = tmp_path / "run"
+    codes = run_workers({**SETTINGS, "model": str(tiny_folder)}, tiny_folder, fixture_data, checkpoints, kill_at=2)
+    assert codes[1] == 9            # killed as it began step 3
+    assert codes[0] != 0            # its peer gone, rank 0's all-reduce failed
+    assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == 2
+
+    resumed, whole = resume_workers(fixture_data, tiny_folder, checkpoints, tmp_path / "resumed.json"), dp_run["result"]
     assert resumed["losses"] == whole["losses"] and resumed["projected_grad"] == whole["projected_grad"]
     assert resumed["evals"] == whole["evals"] and resumed["resumed_at_steps"] == [2]
     assert resumed["replicas_identical"] is True
@@ -181,19 +190,10 @@ def test_a_killed_run_resumes_on_the_same_trajectory(dp_run, fixture_data, tiny_
 
 
 def test_a_signal_to_one_worker_stops_every_worker_after_the_same_step(dp_run, fixture_data, tiny_folder, tmp_path):
-    checkpoints, port = tmp_path / "run", free_port()
+    checkpoints = tmp_path / "run"
     settings = {**SETTINGS, "model": str(tiny_folder), "checkpoint_every": 100}     # no periodic checkpoint
-    spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=data_parallel_worker, args=(rank, 2, port, settings, str(tiny_folder),
-                                                                str(fixture_data), str(checkpoints), None, 1))
-               for rank in range(2)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-        if w.is_alive():
-            w.kill()
-    assert [w.exitcode for w in workers] == [0, 0]      # both stopped, neither left waiting for the other
+    codes = run_workers(settings, tiny_folder, fixture_data, checkpoints, ask_at=1)
+    assert codes == [0, 0]          # both stopped, neither left waiting for the other
     said = [json.loads((tmp_path / f"stopped-{rank}.json").read_text()) for rank in range(2)]
     # rank 1 was asked during step 2 (t = 1); rank 0 never was, and stops after the same step with the checkpoint
     assert [s["step"] for s in said] == [2, 2]
@@ -201,13 +201,7 @@ def test_a_signal_to_one_worker_stops_every_worker_after_the_same_step(dp_run, f
     assert said[1]["message"].startswith("stopped by SIGTERM after step 2 of 4; no checkpoint folder")
     assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["step"] == 2
 
-    out = tmp_path / "resumed.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRGE_DATA_DIR", str(fixture_data))
-        code = main(["train", *options(SETTINGS), "--model", str(tiny_folder), "--workers", "2", "--ddp-steps", "0",
-                     "--checkpoint-dir", str(checkpoints), "--resume", "--out", str(out)])
-    assert code == 0
-    resumed, whole = json.loads(out.read_text()), dp_run["result"]
+    resumed, whole = resume_workers(fixture_data, tiny_folder, checkpoints, tmp_path / "resumed.json"), dp_run["result"]
     assert resumed["losses"] == whole["losses"] and resumed["projected_grad"] == whole["projected_grad"]
     assert resumed["resumed_at_steps"] == [2] and resumed["replicas_identical"] is True
 
