@@ -1,18 +1,18 @@
-"""Tests of a difference between two rows of a grid over seeds (chapters 7–9).
+"""Tests of a difference between two rows of a grid over seeds (chapters 7–9, and chapter 11's federated runs).
 
 A seed fixes a run's data sample and its LoRA-A initialisation, so two rows run with the same seeds are paired:
-:func:`paired` tests the mean of the per-seed differences (paired t, and a percentile bootstrap over the seeds
-when there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t
-test (:func:`welch`) over all their seeds, also where one row ran a seed the other did not: pairing the seeds both
-ran would leave 2 degrees of freedom on three shared seeds, and pays only where the rows' scores move together over
-seeds, which so few seeds cannot show. :func:`compare_rows` picks the test and words the verdict: "difference" only when the
-two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim rests on
-three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test finds no
-difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
+:func:`paired` tests the mean of the per-seed differences (paired t, and a percentile bootstrap over the seeds when
+there are at least ``BOOTSTRAP_MIN_N``). Rows with other seeds are compared by Welch's unequal-variance t test
+(:func:`welch`) over all their seeds, also where one row ran a seed the other did not: pairing the seeds both ran
+would leave 2 degrees of freedom on three shared seeds, and pays only where the rows' scores move together over
+seeds, which so few seeds cannot show. :func:`compare_rows` picks the test and words the verdict: "difference" only
+when the two-sided p value is below ``ALPHA`` and each side has at least ``MIN_SEEDS`` seeds (an accuracy claim
+rests on three; a p value below ``ALPHA`` on fewer is worded :data:`FEW_SEEDS`, not a difference). Where a test
+finds no difference, :func:`seeds_needed` says how many seeds a side would detect a given gap at the spread observed
 and the level the test was held to (power ``POWER``), and :func:`seeds_for_equivalence` how many would put the
-interval inside an equivalence margin. Seeds run beyond a grid's plan after a first test make the next test a
-second look, held to ``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed
-here from the regularized incomplete beta function (:func:`t_sf`, :func:`t_quantile`).
+interval inside an equivalence margin. Seeds run beyond a grid's plan after a first test make the next test a second
+look, held to ``ALPHA`` divided by the looks (:func:`compare_scores`). Student's t distribution is computed here
+from the regularized incomplete beta function (:func:`t_sf`, :func:`t_quantile`).
 """
 from __future__ import annotations
 
