@@ -87,8 +87,12 @@ def test_training_estimates_follow_the_padded_prompt_length(tmp_path, unmeasured
     vera = rp.grid_cells("peft", only="mezo-vera_")[0]
     assert rp.estimate_seconds(lora, 1000) < est["sst2/mezo-E16_lr1e-6_seed0"] < rp.estimate_seconds(vera, 1000)
     *_, done, basis = rp.list_cells([lora], tmp_path, tmp_path).splitlines()        # not run there
-    seconds, runs = rp.measured_step_seconds()["mezo:lora"]        # the committed ZO-on-LoRA SST-2 cells
-    assert done.startswith("0/1 done; about ") and runs >= 2 and basis.endswith(f"mezo:lora {seconds:.1f} s ({runs})")
+    assert done.startswith("0/1 done; about ") and basis.startswith("seconds per step and evaluation of 1 cell from")
+    # a cell with no run on its own task: the committed ZO-on-LoRA SST-2 cells, scaled
+    rte_lora = rp.grid_cells("senszoq", "cpu", only="rte/mezo-lora-r8-nf4")[0]
+    seconds, runs = rp.measured_step_seconds()["mezo:lora"]
+    basis = rp.list_cells([rte_lora], tmp_path, tmp_path).splitlines()[-1]
+    assert runs >= 2 and basis.endswith(f"mezo:lora {seconds:.1f} s ({runs})")
 
 
 @pytest.mark.parametrize("call,message", [
@@ -716,6 +720,56 @@ def test_a_step_is_priced_from_this_processors_runs_where_it_has_enough(tmp_path
     monkeypatch.setattr(estimates, "cpu_name", lambda: "a processor no run used")
     assert estimates.step_measure("senszoq") == (*rp.measured_step_seconds()["senszoq"], False)
     assert "this processor" not in rp.step_basis([{"method": "senszoq"}])
+
+
+def test_a_cell_is_priced_from_runs_of_its_own_task_method_batch_and_weights(tmp_path, monkeypatch,
+                                                                               unmeasured_processor):
+    """Where committed runs of a cell's task, method, batch and weight format exist, its steps and evaluations are
+    priced at their medians, not as SST-2's steps scaled by prompt length (which priced RTE's MeZO (LoRA-FA) step
+    at 1.6x what it measured); a run at another batch, on NF4 weights, at two threads or in a pack does not count,
+    and a cell without such a run is priced by scaling, as --list says."""
+    from prge_lib.experiments import estimates
+
+    source = next(p for p in sorted(rp.RESULTS.glob("table1/rte/mezo-lorafa-E16_*.json"))
+                  if rp.device_of(rp.read_result(p)) == "cpu")
+    run = json.loads(source.read_text())
+    evaluations = len(run["evals"])
+    folder = tmp_path / "table1" / "rte"
+    folder.mkdir(parents=True)
+
+    def write(seed, step, evaluation, **change):
+        made = json.loads(json.dumps(run))
+        made["step_s"]["median"], made["elapsed_s"]["eval_s"] = step, evaluation * evaluations
+        for key, value in change.items():
+            target = made["config"] if key in made["config"] else made
+            target[key] = value
+        (folder / f"mezo-lorafa-E16_lr1e-3_seed{seed}.json").write_text(json.dumps(made))
+
+    for seed, step, evaluation in ((10, 10.0, 100.0), (11, 12.0, 140.0), (12, 14.0, 120.0)):
+        write(seed, step, evaluation)
+    write(13, 90.0, 900.0, E=8, batch_size=8)              # another batch
+    write(14, 90.0, 900.0, quant="nf4")                    # other weights
+    write(15, 90.0, 900.0, packed={"runs": 4})             # a pack's step
+    threads = json.loads(json.dumps(run))
+    threads["provenance"]["hardware"]["torch_threads"] = 2
+    (folder / "mezo-lorafa-E16_lr1e-3_seed16.json").write_text(json.dumps(threads))
+    monkeypatch.setattr(estimates, "RESULTS", tmp_path)
+
+    cell = rp.grid_cells("table1", "cpu", only="rte/mezo-lorafa")[0]
+    assert rp.task_measure("rte", cell.config()) == estimates.TaskMeasure(12.0, 120.0, 3, False)
+    assert rp.step_seconds("rte", cell.config()) == 12.0 and rp.evaluation_seconds("rte", cell.config()) == 120.0
+    assert rp.estimate_seconds(cell, 1000) == pytest.approx(1000 * 12.0 + 11 * 120.0)
+    other = rp.grid_cells("table1", "cpu", only="rte/prge-q4")[0]              # no run of its own here
+    assert rp.task_measure("rte", other.config()) is None
+    assert rp.step_seconds("rte", other.config()) == \
+        estimates.step_rate(other.config()) * rp.prompt_length_factor("rte", other.config())
+    basis = rp.list_cells([cell, other], tmp_path, tmp_path).splitlines()[-1]
+    assert basis.startswith("seconds per step and evaluation of 1 cell from committed runs of their own task, "
+                            "method and batch") and \
+        "; of the others: measured in committed SST-2 cells" in basis and "prge " in basis
+    # the weight format a cell implies: SensZOQ trains over NF4 weights without its cell's config saying so
+    assert estimates.weight_format(rp.grid_cells("senszoq", "cpu")[0].config()) == "nf4"
+    assert estimates.weight_format(cell.config()) == "none"
 
 
 def test_a_cell_another_grid_has_run_is_adopted_not_run_again(tmp_path, monkeypatch):

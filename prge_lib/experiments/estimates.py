@@ -1,5 +1,6 @@
-"""How long a cell of chapter 7 takes on a 2-core CPU (what ``prge reproduce --list`` prints): measured seconds
-per step of each method, scaled by the prompt lengths of the cell's task and batch, plus its evaluations; a
+"""How long a cell of chapter 7 takes on a 2-core CPU (what ``prge reproduce --list`` prints): the median step and
+evaluation of the committed runs of its task, method and batch, or where none ran, measured seconds per SST-2 step
+of its method scaled by the prompt lengths of the cell's task and batch, plus its evaluations; a
 benchmark cell by a fit to the committed runtime cells; a cell trained in a pack (``--pack``) by its share of the
 pack's step, measured where a packed result exists.
 """
@@ -22,16 +23,18 @@ from prge_lib.experiments.grids import GRIDS
 from prge_lib.experiments.results import read_if_present
 from prge_lib.experiments.summaries import processors_of
 from prge_lib.methods import registry
-from prge_lib.training.config import IDENTITY_LEGACY
+from prge_lib.training.config import IDENTITY_LEGACY, TrainConfig
 
-# Seconds per training step of each method come from the committed result files (:func:`measured_step_seconds`):
+# A cell's steps and evaluations are priced from the committed runs of its own task, method and step shape where
+# they exist (:func:`task_measure`). Otherwise seconds per step of its method come from the committed result files
+# (:func:`measured_step_seconds`):
 # SST-2 cells of the grids at the method's Table 1 batch (FO 8, MeZO 16, P-RGE q 4: 4 examples), on the CPU at
 # 1 torch thread beside one other run, as the committed cells ran. A step pads every row to the longest prompt of
 # its batch, so --list scales these by that length on the cell's task and batch (:func:`prompt_length_factor`):
-# RTE's steps take about 5x SST-2's. A method (or MeZO adapter) with no such cell is priced by this assumption,
+# RTE's steps take 3-5x SST-2's. A method (or MeZO adapter) with no such cell is priced by this assumption,
 # which --list names (:func:`step_basis`); it is no measurement:
 ASSUMED_SECONDS_PER_STEP = 4.0
-EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000) evaluation
+EVAL_SECONDS = 90.0          # SST-2: one validation (500) plus, at a new best, one test (1000); without a measure
 # Benchmark cells (warm-up + timed step per configuration and round, then the same in a fresh process for the
 # peak): seconds per step = a * (L / 64) ** b per weight format, fitted (least squares in log space) to the nine
 # committed runtime cells (fp32 11.8 / 19.7 / 33.7 min at 64 / 128 / 256 tokens, INT8 7.9 / 14.5 / 31.1, NF4
@@ -127,50 +130,128 @@ def rate_key(config: dict) -> str:
     return f"mezo:{adapter}" if config["method"] == "mezo" and adapter != "none" else config["method"]
 
 
+BATCH_SHAPE_KEYS = ("E", "q", "batch_size", "inner")      # what sets a step's work, besides the task's prompts
+
+
+def batch_shape(config: dict) -> tuple:
+    """What a step of ``config`` computes besides its prompts: E, q, the batch size and the inner loop, each as
+    set or as its method's default (a cell's config names only what differs from the defaults, a result's all)."""
+    defaults = registry.get(config["method"]).defaults
+    full = {**defaults, **{k: v for k, v in config.items() if v is not None}}
+    return tuple((k, full[k]) for k in BATCH_SHAPE_KEYS if k in defaults)
+
+
+def weight_format(config: dict) -> str:
+    """The base weights' format a run of ``config`` steps through ("none", "int8", "nf4"): as its config says, or
+    as its method implies (SensZOQ's base is NF4 without saying so in a cell's config)."""
+    if config.get("quant"):
+        return config["quant"]
+    try:
+        return TrainConfig(**config).resolved().quant or "none"
+    except (TypeError, ValueError):
+        return "none"
+
+
 def _at_reference_batch(config: dict) -> bool:
     """Whether a run's config has its method's Table 1 batch (the registry's defaults), where rates are measured."""
-    defaults = registry.get(config["method"]).defaults
-    return all(config.get(k) == defaults[k] for k in ("E", "q", "batch_size") if k in defaults)
+    return batch_shape(config) == batch_shape({"method": config["method"]})
 
 
 LOCAL_MIN_RUNS = 3     # runs on this machine's processor that price a step without the other processors' runs
 
 
+class PricedRun(NamedTuple):
+    """A committed training run that prices CPU work (:func:`priced_runs`): its task, :func:`rate_key`,
+    :func:`batch_shape`, :func:`weight_format`, the processors it computed on, its median seconds per step and its
+    mean seconds per evaluation (None without evaluations)."""
+    task: str
+    key: str
+    shape: tuple
+    weights: str             # :func:`weight_format`
+    reference: bool          # at its method's Table 1 batch (:func:`_at_reference_batch`)
+    processors: tuple[str, ...]
+    step: float
+    evaluation: float | None
+
+
 @functools.lru_cache(maxsize=None)
-def measured_step_seconds(results: Path = RESULTS, processor: str | None = None) -> dict[str, tuple[float, int]]:
-    """{:func:`rate_key`: (median seconds per step, runs measured)} over the committed training runs in the grids'
-    folders under ``results`` (cpu profile) that price a step: SST-2, on the CPU at 1 torch thread, not packed, not
-    in an exported program, at the method's Table 1 batch (``step_s.median`` of each, the median over them); a run
-    one grid adopted from another (``same_run_as``) counts once. ``processor``: only the runs that computed on it
-    alone, in every sitting (:func:`~prge_lib.experiments.summaries.processors_of`)."""
-    steps: dict[str, list[float]] = {}
+def priced_runs(results: Path = RESULTS) -> tuple[PricedRun, ...]:
+    """The committed training runs in the grids' folders under ``results`` (cpu profile) that price a step: on the
+    CPU at 1 torch thread, not packed, not in an exported program, with measured steps; a run one grid adopted from
+    another (``same_run_as``) counts once."""
+    runs = []
     for path in sorted(p for grid in GRIDS for p in (Path(results) / grid_folder(grid, "cpu")).rglob("*.json")):
         try:
             result = read_if_present(path)
             config, hardware = result["config"], result["provenance"]["hardware"]
             median = result["step_s"]["median"]
-        except (OSError, ValueError, KeyError, TypeError):       # not a training result with measured steps
+            if (device_kind(config) != "cpu" or "packed" in result or "same_run_as" in result
+                    or config.get("program") or hardware.get("torch_threads") != 1 or not median
+                    or config.get("method") not in registry.names()):
+                continue
+            evaluations = len(result.get("evals") or ())
+            evaluation = result["elapsed_s"]["eval_s"] / evaluations if evaluations else None
+            runs.append(PricedRun(result["task"], rate_key(config), batch_shape(config), weight_format(config),
+                                  _at_reference_batch(config),
+                                  tuple(processors_of(result)), median, evaluation))
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):   # not a training result with steps
             continue
-        if (result["task"] != "sst2" or device_kind(config) != "cpu" or "packed" in result or "same_run_as" in result
-                or config.get("program") or hardware.get("torch_threads") != 1 or not median
-                or config.get("method") not in registry.names() or not _at_reference_batch(config)):
-            continue
-        if processor is not None and processors_of(result) != [processor]:
-            continue
-        steps.setdefault(rate_key(config), []).append(median)
+    return tuple(runs)
+
+
+def measured_step_seconds(results: Path = RESULTS, processor: str | None = None) -> dict[str, tuple[float, int]]:
+    """{:func:`rate_key`: (median seconds per step, runs measured)} over the SST-2 runs of :func:`priced_runs` at
+    their method's Table 1 batch (``step_s.median`` of each, the median over them). ``processor``: only the runs
+    that computed on it alone, in every sitting (:func:`~prge_lib.experiments.summaries.processors_of`)."""
+    steps: dict[str, list[float]] = {}
+    for run in priced_runs(results):
+        if run.task == "sst2" and run.reference and (processor is None or run.processors == (processor,)):
+            steps.setdefault(run.key, []).append(run.step)
     return {key: (statistics.median(times), len(times)) for key, times in sorted(steps.items())}
 
 
+def _local_or_all(runs: list, here: str | None) -> tuple[list, bool]:
+    """This processor's runs where it has at least :data:`LOCAL_MIN_RUNS`, else all of them; and whether the
+    first (as :func:`step_measure` chooses)."""
+    local = [r for r in runs if here and r.processors == (here,)]
+    return (local, True) if len(local) >= LOCAL_MIN_RUNS else (runs, False)
+
+
 def step_measure(key: str) -> tuple[float, int, bool] | None:
-    """(median seconds per step, runs, whether they all ran on this machine's processor) of :func:`rate_key`
-    ``key``: this processor's runs where it has at least :data:`LOCAL_MIN_RUNS` (CPU models differ by 1.5x and
-    more at one thread), else every processor's; None without a committed run."""
+    """(median seconds per step, runs, whether they all ran on this machine's processor) of the SST-2 runs of
+    :func:`rate_key` ``key``: this processor's runs where it has at least :data:`LOCAL_MIN_RUNS` (CPU models differ
+    by 1.5x and more at one thread), else every processor's; None without a committed run."""
     here = cpu_name()
     local = measured_step_seconds(RESULTS, here).get(key) if here else None
     if local and local[1] >= LOCAL_MIN_RUNS:
         return (*local, True)
     found = measured_step_seconds().get(key)
     return (*found, False) if found else None
+
+
+class TaskMeasure(NamedTuple):
+    """What the committed runs of one task, method and step shape measured (:func:`task_measure`): median seconds
+    per step, median seconds per evaluation (None without evaluations), runs, and whether all ran on this
+    machine's processor."""
+    step: float
+    evaluation: float | None
+    runs: int
+    here: bool
+
+
+def task_measure(task: str, config: dict) -> TaskMeasure | None:
+    """The committed runs (:func:`priced_runs`) of ``config``'s :func:`rate_key`, :func:`batch_shape` and
+    :func:`weight_format` on ``task`` itself (this processor's where it has :data:`LOCAL_MIN_RUNS`): a step there
+    pads to that task's prompts, which a scaled SST-2 step prices only roughly (RTE's MeZO (LoRA-FA) step measured
+    0.6x its scaled price); None where none ran."""
+    key, shape, weights = rate_key(config), batch_shape(config), weight_format(config)
+    runs = [r for r in priced_runs(RESULTS) if (r.task, r.key, r.shape, r.weights) == (task, key, shape, weights)]
+    chosen, here = _local_or_all(runs, cpu_name())
+    if not chosen:
+        return None
+    evaluations = [r.evaluation for r in chosen if r.evaluation]
+    return TaskMeasure(statistics.median(r.step for r in chosen),
+                       statistics.median(evaluations) if evaluations else None, len(chosen), here)
 
 
 def step_rate(config: dict) -> float:
@@ -181,21 +262,40 @@ def step_rate(config: dict) -> float:
 
 
 def step_basis(configs: list[dict]) -> str:
-    """Where the step times of ``configs`` come from, in one line (what --list prints)."""
-    keys = sorted({rate_key(c) for c in configs})
+    """Where the step times of ``configs`` come from, in one line (what --list prints): the cells priced from runs
+    of their own task (:func:`task_measure`), then the SST-2 rates that price the others, scaled by prompt length."""
+    own = [c for c in configs if "task" in c and task_measure(c["task"], c)]
+    scaled = [c for c in configs if c not in own]
+    keys = sorted({rate_key(c) for c in scaled})
     measured = {k: found for k in keys if (found := step_measure(k))}
     found = [f"{k} {s:.1f} s ({n}{' on this processor' if here else ''})" for k, (s, n, here) in measured.items()]
     assumed = [k for k in keys if k not in measured]
     where = f" (this processor: {cpu_name()})" if any(here for _, _, here in measured.values()) else ""
-    parts = [f"measured in committed SST-2 cells (median s/step, cells): {', '.join(found)}{where}"] if found else []
+    parts = [f"measured in committed SST-2 cells (median s/step, cells), scaled by prompt length: "
+             f"{', '.join(found)}{where}"] if found else []
     if assumed:
         parts.append(f"assumed {ASSUMED_SECONDS_PER_STEP} s (no committed cell to measure): {', '.join(assumed)}")
-    return "seconds per step " + "; ".join(parts)
+    if not own:
+        return "seconds per step " + "; ".join(parts)
+    own_text = (f"seconds per step and evaluation of {len(own)} cell{'s' if len(own) > 1 else ''} from committed "
+                f"runs of their own task, method and batch (medians)")
+    return own_text + ("; of the others: " + "; ".join(parts) if parts else "")
 
 
 def step_seconds(task: str, config: dict) -> float:
-    """Seconds of one training step of ``config`` on ``task`` run alone (on a 2-core CPU, as :func:`step_rate`)."""
-    return step_rate(config) * prompt_length_factor(task, config)
+    """Seconds of one training step of ``config`` on ``task`` run alone (on a 2-core CPU, as :func:`step_rate`):
+    the median of the committed runs on that task with the same method and step shape (:func:`task_measure`),
+    else the method's SST-2 step scaled by the padded prompt length (:func:`prompt_length_factor`)."""
+    found = task_measure(task, config)
+    return found.step if found else step_rate(config) * prompt_length_factor(task, config)
+
+
+def evaluation_seconds(task: str, config: dict) -> float:
+    """Seconds of one evaluation in a training run of ``config`` on ``task`` (validation, and the test split at a
+    new best): measured in the runs that price its step (:func:`task_measure`), else :data:`EVAL_SECONDS` scaled
+    by the task's prompts (:func:`evaluation_factor`)."""
+    found = task_measure(task, config)
+    return found.evaluation if found and found.evaluation else EVAL_SECONDS * evaluation_factor(task)
 
 
 def device_kind(config: dict) -> str:
@@ -305,7 +405,7 @@ def device_shares(device: str, results: Path = RESULTS) -> dict:
             if config["method"] in LORAFA_ZO and (config.get("engine") or IDENTITY_LEGACY["engine"]) == "layerwise" \
                     and config.get("dtype", "fp32") == "fp32":
                 layerwise.append(steps[config["method"]][-1])
-            price = len(result["evals"]) * EVAL_SECONDS * evaluation_factor(result["task"])
+            price = len(result["evals"]) * evaluation_seconds(result["task"], config)
             evals.append(result["elapsed_s"]["eval_s"] / price)
         except (OSError, ValueError, KeyError, TypeError):     # not a training result: not a measure
             continue
@@ -370,4 +470,4 @@ def estimate_seconds(cell: Cell, remaining_steps: int, step_share: float = 1.0, 
     c = cell.config()
     evals = remaining_steps // max(1, c.get("eval_every") or remaining_steps) + 1
     step = step_seconds(cell.task, c) * step_share
-    return remaining_steps * step + evals * EVAL_SECONDS * evaluation_factor(cell.task) * eval_share
+    return remaining_steps * step + evals * evaluation_seconds(cell.task, c) * eval_share
