@@ -132,6 +132,34 @@ def test_a_killed_holder_frees_the_cell(tmp_path, monkeypatch):
     assert rp.cell_status(cell, res, ck)["state"] == "done"
 
 
+def test_a_cell_running_under_another_checkpoint_root_is_left_to_it(tmp_path, monkeypatch):
+    """Two processes given different --checkpoint-root values take different checkpoint locks, but the same lock
+    beside the result file they would both write: the second is told who runs the cell, and --list shows it running
+    (its steps are under the other root)."""
+    cell = _cell()
+    res, ours, theirs = tmp_path / "res", tmp_path / "ck", tmp_path / "other-ck"
+    hold = ("import sys; from pathlib import Path; from prge_lib.experiments import reproduce as rp\n"
+            f"cell = rp.grid_cells('table1', 'cpu', seeds=[0], only={cell.name!r}, **{TINY!r})[0]\n"
+            f"with rp.cell_lock(cell, Path({str(theirs)!r}), Path({str(res)!r})):\n"
+            "    print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    monkeypatch.setattr(runner, "_run_train", lambda *a, **k: pytest.fail("a cell held elsewhere must not train"))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert rp.cell_holder(cell, ours) is None                   # its checkpoint lock is another root's
+        with pytest.raises(rp.CellBusy, match=rf"\(pid {holder.pid} on "):
+            rp.run_cell(cell, res, ours, progress=False)
+        assert rp.cell_status(cell, res, ours)["state"] == "running"
+        assert not list(cell.result_path(res).parent.glob("*.json"))   # its lock files are no result files
+    finally:
+        holder.communicate("", timeout=60)
+    assert rp.cell_status(cell, res, ours)["state"] == "missing"      # released with its holder
+    monkeypatch.setattr(runner, "_run_train", lambda cell_, *args, **kw: _train_result(cell_))
+    rp.run_cell(cell, res, ours, progress=False)
+    assert rp.cell_status(cell, res, ours)["state"] == "done"
+
+
 # ------------------------------------------------------------ 2. checkpoints are data
 def test_a_checkpoint_holds_tensors_and_plain_values(tiny_factory, tokenizer, sst2_small, tmp_path):
     small_trainer(tiny_factory, tokenizer, sst2_small, tmp_path, q=2, E=4, steps=2, eval_every=0).run()

@@ -62,7 +62,7 @@ def run_cell(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = Non
     path = cell.result_path(results)
     if _result_done(cell, results):
         return path
-    with cell_lock(cell, checkpoints):
+    with cell_lock(cell, checkpoints, results):
         if _result_done(cell, results):         # written by another process while this one waited
             return path
         twin = twin_result(cell, results)
@@ -172,7 +172,7 @@ def run_pack(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | Non
             if _result_done(cell, results):
                 continue
             try:
-                locks.enter_context(cell_lock(cell, checkpoints))
+                locks.enter_context(cell_lock(cell, checkpoints, results))
             except CellBusy as busy:
                 say(f"{busy} (out of the pack)")
                 continue

@@ -36,7 +36,7 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
             return {"state": "other settings (" + ", ".join(differ) + ")", "step": steps, "steps": steps}
         diverged = result.get("status") == "diverged"
         return {"state": "done", "step": steps, "steps": steps, **({"diverged": True} if diverged else {})}
-    running = cell_holder(cell, checkpoints) is not None
+    running = cell_holder(cell, checkpoints, results) is not None
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
     step = 0
     if ckpt.is_file():
