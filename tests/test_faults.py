@@ -135,7 +135,7 @@ def test_a_killed_holder_frees_the_cell(tmp_path, monkeypatch):
 def test_a_cell_running_under_another_checkpoint_root_is_left_to_it(tmp_path, monkeypatch):
     """Two processes given different --checkpoint-root values take different checkpoint locks, but the same lock
     beside the result file they would both write: the second is told who runs the cell, and --list shows it running
-    (its steps are under the other root)."""
+    at the step of its checkpoint under the other root, which it names."""
     cell = _cell()
     res, ours, theirs = tmp_path / "res", tmp_path / "ck", tmp_path / "other-ck"
     hold = ("import sys; from pathlib import Path; from prge_lib.experiments import reproduce as rp\n"
@@ -150,8 +150,17 @@ def test_a_cell_running_under_another_checkpoint_root_is_left_to_it(tmp_path, mo
         assert rp.cell_holder(cell, ours) is None                   # its checkpoint lock is another root's
         with pytest.raises(rp.CellBusy, match=rf"\(pid {holder.pid} on "):
             rp.run_cell(cell, res, ours, progress=False)
-        assert rp.cell_status(cell, res, ours)["state"] == "running"
+        assert rp.cell_status(cell, res, ours) == {"state": "running", "step": 0, "steps": cell.steps()}
         assert not list(cell.result_path(res).parent.glob("*.json"))   # its lock files are no result files
+        # its checkpoint under the other root, which --list looks through: the step is read there
+        cell.checkpoint_dir(theirs).mkdir(parents=True)
+        (cell.checkpoint_dir(theirs) / "checkpoint.pt").write_bytes(b"a checkpoint")
+        monkeypatch.setattr(status, "other_checkpoint_roots", lambda checkpoints: [theirs])
+        monkeypatch.setattr(status, "read_checkpoint", lambda path, mmap: {"step": 7})
+        assert rp.cell_status(cell, res, ours) == {"state": "running", "step": 7, "steps": cell.steps(),
+                                                   "root": theirs}
+        first = rp.list_cells([cell], res, ours).splitlines()[0]
+        assert f"running 7/{cell.steps()}" in first and first.endswith(f"checkpoint under {theirs}")
     finally:
         holder.communicate("", timeout=60)
     assert rp.cell_status(cell, res, ours)["state"] == "missing"      # released with its holder

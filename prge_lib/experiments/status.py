@@ -23,7 +23,9 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     settings (:func:`cell_matches`); "running": another process holds the cell's lock (:func:`cell_lock`); "same run
     in …": no result or checkpoint of its own, but another grid's folder holds this very run (:func:`twin_result`),
     which running the grid adopts at once; "unreadable": a result file or checkpoint that cannot be read, with the
-    reason. A done cell whose run was recorded as diverged also has ``"diverged": True``."""
+    reason. A done cell whose run was recorded as diverged also has ``"diverged": True``; a cell running in a process
+    given another checkpoint root (it holds the lock beside the result file) has its step read there, and ``"root"``
+    names that root."""
     steps = cell.steps()
     path = cell.result_path(results)
     if path.is_file():              # read once: whether it is this cell's result, and whether that run diverged
@@ -38,6 +40,11 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
         return {"state": "done", "step": steps, "steps": steps, **({"diverged": True} if diverged else {})}
     running = cell_holder(cell, checkpoints, results) is not None
     ckpt = cell.checkpoint_dir(checkpoints) / "checkpoint.pt"
+    root = None
+    if running and not ckpt.is_file():      # run by a process given another checkpoint root: its steps are there
+        root = next((r for r in other_checkpoint_roots(checkpoints)
+                     if (cell.checkpoint_dir(r) / "checkpoint.pt").is_file()), None)
+        ckpt = cell.checkpoint_dir(root) / "checkpoint.pt" if root is not None else ckpt
     step = 0
     if ckpt.is_file():
         try:
@@ -48,7 +55,7 @@ def cell_status(cell: Cell, results: Path = RESULTS, checkpoints: Path | None = 
     state = "running" if running else "partial" if ckpt.is_file() else "missing"
     if state == "missing" and (twin := twin_result(cell, results)) is not None:
         state, step = f"same run in {twin.relative_to(results).parts[0]}", steps
-    return {"state": state, "step": step, "steps": steps}
+    return {"state": state, "step": step, "steps": steps, **({"root": root} if root is not None else {})}
 
 
 def price_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | None = None, pack: int = 1) -> dict:
@@ -115,6 +122,8 @@ def list_cells(cells: list[Cell], results: Path = RESULTS, checkpoints: Path | N
         state = f"{st['state']} {st['step']}/{st['steps']}" if st["state"] in ("partial", "running") and st["steps"] \
             else "done, diverged" if st.get("diverged") else st["state"]
         line = f"{cell.name:<44} {state:<16} {'' if not seconds else _hours(seconds)}"
+        if st.get("root") is not None:
+            line = f"{line:<70} checkpoint under {_shown(st['root'])}"
         if cell.name in packed:
             line = f"{line:<70} packed ×{packed[cell.name][0]} (pack {packed[cell.name][1]})"
         lines.append(line)
