@@ -639,8 +639,11 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert main(["reproduce", "table1", "--summary", *roots]) == 2
     assert "has no training results" in capsys.readouterr().err
     for bad in ("0", "nan"):
-        assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", bad, *roots]) == 2
-        assert f"--time-limit takes minutes > 0, got {float(bad)}" in capsys.readouterr().err
+        for look in ([], ["--dry-run"], ["--list"]):        # what a run refuses, its dry run and listing refuse
+            assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", bad, *look, *roots]) == 2
+            assert f"--time-limit takes minutes > 0, got {float(bad)}" in capsys.readouterr().err
+    assert main(["reproduce", "table1", "--only", "sst2/prge-q4", "--width-groups", "0", "--dry-run", *roots]) == 2
+    assert "--width-groups takes a whole number of groups ≥ 1, got 0" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--time-limit", "1e-9", *roots]) == 3
     assert "1 of 1 cells still to run; the same command continues (exit status 3)" in capsys.readouterr().err
     assert main(["reproduce", "runtime", "--device", "cuda", *roots]) == 2

@@ -52,6 +52,11 @@ def run_reproduce(args) -> int:
     pack = rp.check_pack_size(args.pack) if args.pack is not None else \
         DEFAULT_GPU_PACK if args.device != "cpu" and args.backend == "local" else 1
     rp.check_stage(args.grid, args.stage, args.profile)
+    # the options a run would refuse, refused by a --list or --dry-run of it too
+    if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
+    from prge_lib.zo.packing import check_width_groups
+    check_width_groups(args.width_groups, "--width-groups")
     try:
         cells, waiting, beyond, added = rp.stage_plan(args.grid, args.profile, args.stage, seeds, args.only,
                                                       args.model, results=roots["results"],
@@ -93,8 +98,6 @@ def run_reproduce(args) -> int:
         print(f"prge: not needed: {rp.bracket_text(key, found)}", file=sys.stderr)
     deadline = None
     if args.time_limit is not None:
-        if not (math.isfinite(args.time_limit) and args.time_limit > 0):
-            raise ValueError(f"--time-limit takes minutes > 0, got {args.time_limit}")
         deadline = time.time() + 60 * args.time_limit
     needed = None
     if args.stage == "sweep" and rp.staged_rows(args.grid, args.profile):

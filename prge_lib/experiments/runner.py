@@ -39,6 +39,7 @@ from prge_lib.training.checkpoints import CHECKPOINT_NAME, CheckpointError
 from prge_lib.training.config import TrainConfig
 from prge_lib.training.packed import PackedTrainer, PackStopped
 from prge_lib.training import stopping
+from prge_lib.zo.packing import check_width_groups
 from prge_lib.training.records import diverged_record, finished_record, zero_shot_record, zero_shot_run
 from prge_lib.training.trainer import Trainer, TrainingDiverged, TrainingStopped
 
@@ -260,8 +261,7 @@ def run_grid(cells: list[Cell], backend: str = "local", address: str | None = No
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_pack_size(pack)
-    if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
-        raise ValueError(f"--width-groups takes a whole number of groups ≥ 1, got {width_groups!r}")
+    check_width_groups(width_groups, "--width-groups")
     if backend == "ray" and pack > 1:
         raise ValueError(f"--pack {pack}: packs train in this process; with --backend ray each task runs one "
                          f"cell, so give --pack 1")

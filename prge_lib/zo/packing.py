@@ -53,6 +53,14 @@ from prge_lib.zo.prng import counter_normal_seeds
 from prge_lib.zo.rge import check_zo_dtype
 
 
+
+def check_width_groups(groups: int, option: str = "width_groups") -> int:
+    """``groups`` if it is a number of width groups (a whole number ≥ 1), else a ValueError naming it as
+    ``option`` (the command line's ``--width-groups``)."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{option} takes a whole number of groups ≥ 1, got {groups!r}")
+    return groups
+
 class PackedLoRAFALinear(nn.Module):
     """One frozen projection shared by R runs, each with its own LoRA-FA layer on it (``runs[r]``).
 
@@ -253,9 +261,7 @@ class Pack:
         if compiled and not fused:
             raise ValueError("compiled runs the fused step's forward through torch.compile: it needs fused=True")
         self.compiled = compiled
-        if isinstance(width_groups, bool) or not isinstance(width_groups, int) or width_groups < 1:
-            raise ValueError(f"width_groups takes a whole number of groups ≥ 1, got {width_groups!r}")
-        self.width_groups = width_groups
+        self.width_groups = check_width_groups(width_groups)
         self.buffered: dict[tuple, _BufferedPackStep] = {}
         for r, run in enumerate(self.runs):
             check_zo_dtype([layer.lora_B for layer in run.layers], f"P-RGE (packed run {r})")
