@@ -189,12 +189,12 @@ def priced_runs(results: Path = RESULTS) -> tuple[PricedRun, ...]:
                     or config.get("program") or hardware.get("torch_threads") != 1 or not median
                     or config.get("method") not in registry.names()):
                 continue
-            evaluations = len(result.get("evals") or ())
-            evaluation = result["elapsed_s"]["eval_s"] / evaluations if evaluations else None
+            evaluations, eval_s = len(result.get("evals") or ()), (result.get("elapsed_s") or {}).get("eval_s")
+            evaluation = eval_s / evaluations if evaluations and eval_s else None   # a step time without it
             runs.append(PricedRun(result["task"], rate_key(config), batch_shape(config), weight_format(config),
                                   _at_reference_batch(config),
                                   tuple(processors_of(result)), median, evaluation))
-        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):   # not a training result with steps
+        except (OSError, ValueError, KeyError, TypeError):       # not a training result with measured steps
             continue
     return tuple(runs)
 
