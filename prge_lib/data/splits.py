@@ -110,15 +110,20 @@ class TaskData:
 
 def sample_task(task: Task, seed: int = 0, n_train: int = PROTOCOL["n_train"], n_val: int = PROTOCOL["n_val"],
                 n_test: int = PROTOCOL["n_test"],
-                root: Path | None = None) -> TaskData:
-    """Seeded, disjoint train / validation / test samples following the MeZO protocol (see module doc)."""
+                root: Path | None = None, test_only: bool = False) -> TaskData:
+    """Seeded, disjoint train / validation / test samples following the MeZO protocol (see module doc).
+    ``test_only``: the same test examples, with empty train and validation samples, whose rows are then never
+    read (the train split's length alone sets the draw): what a shipped pool gives for seeds beyond its own
+    where the test sample is the whole validation split (SST-2's 872 sentences, RTE's 277), as a summary's
+    commonest-answer rate needs."""
     evaluation = load_split(task, "validation", root)
     train_rows = load_split(task, "train", root) if "train" in task.splits else None
-    return sample_rows(task, train_rows, evaluation, seed, n_train, n_val, n_test)
+    return sample_rows(task, train_rows, evaluation, seed, n_train, n_val, n_test, test_only=test_only)
 
 
 def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int = PROTOCOL["n_train"],
-                n_val: int = PROTOCOL["n_val"], n_test: int = PROTOCOL["n_test"]) -> TaskData:
+                n_val: int = PROTOCOL["n_val"], n_test: int = PROTOCOL["n_test"],
+                test_only: bool = False) -> TaskData:
     """:func:`sample_task` on splits already read (``train_rows`` None: the task has no train split)."""
     rng = random.Random(seed)
     notes = []
@@ -131,8 +136,9 @@ def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int 
         if size != {"train": n_train, "val": n_val}:
             notes.append(f"the train split has {len(train_rows)} rows, fewer than {n_train + n_val}: "
                          f"train/val shrunk to {size['train']}/{size['val']}")
-        train = [train_rows[i] for i in order[:size["train"]]]
-        val = [train_rows[i] for i in order[size["train"]:size["train"] + size["val"]]]
+        train, val = ([], []) if test_only else (
+            [train_rows[i] for i in order[:size["train"]]],
+            [train_rows[i] for i in order[size["train"]:size["train"] + size["val"]]])
         test_order = rng.sample(range(len(evaluation)), len(evaluation))
         test = [evaluation[i] for i in test_order[:n_test]]
         if len(test) < n_test:
@@ -143,9 +149,10 @@ def sample_rows(task: Task, train_rows, evaluation, seed: int = 0, n_train: int 
         notes.append(f"no train split available: train/val/test = {size['train']}/{size['val']}/{size['test']} "
                      f"carved disjointly from the {len(evaluation)}-row validation split (seed {seed})")
         test = [evaluation[i] for i in order[:size["test"]]]
-        train = [evaluation[i] for i in order[size["test"]:size["test"] + size["train"]]]
         start = size["test"] + size["train"]
-        val = [evaluation[i] for i in order[start:start + size["val"]]]
+        train, val = ([], []) if test_only else (
+            [evaluation[i] for i in order[size["test"]:start]],
+            [evaluation[i] for i in order[start:start + size["val"]]])
     for name, rows in (("train", train), ("validation", val), ("test", test)):
         for k, row in enumerate(rows):     # rows from the hub or the shipped pools too, not only a data folder's
             check_row(task, row, f"task {task.name!r}, {name} example {k} of seed {seed}")
