@@ -53,13 +53,13 @@ from prge_lib.zo.prng import counter_normal_seeds
 from prge_lib.zo.rge import check_zo_dtype
 
 
-
 def check_width_groups(groups: int, option: str = "width_groups") -> int:
     """``groups`` if it is a number of width groups (a whole number ≥ 1), else a ValueError naming it as
     ``option`` (the command line's ``--width-groups``)."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{option} takes a whole number of groups ≥ 1, got {groups!r}")
     return groups
+
 
 class PackedLoRAFALinear(nn.Module):
     """One frozen projection shared by R runs, each with its own LoRA-FA layer on it (``runs[r]``).
