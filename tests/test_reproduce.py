@@ -690,7 +690,7 @@ def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path
     listing = rp.list_cells(rp.grid_cells("table1", "cpu", only="wnli/prge-q4"), rp.RESULTS)      # not run yet
     assert "seconds per step measured in committed SST-2 cells" in listing and \
         f"prge {found[0]:.1f} s ({found[1]})" in listing
-    monkeypatch.setattr(estimates, "measured_step_seconds", lambda results=rp.RESULTS, processor=None: {})
+    monkeypatch.setattr(estimates, "priced_runs", lambda results=rp.RESULTS: ())          # no committed run
     assert estimates.step_rate({"method": "prge"}) == rp.ASSUMED_SECONDS_PER_STEP
     assert rp.step_basis([{"method": "prge"}]) == (f"seconds per step assumed {rp.ASSUMED_SECONDS_PER_STEP} s "
                                                    "(no committed cell to measure): prge")
@@ -756,6 +756,10 @@ def test_a_cell_is_priced_from_runs_of_its_own_task_method_batch_and_weights(tmp
     threads = json.loads(json.dumps(run))
     threads["provenance"]["hardware"]["torch_threads"] = 2
     (folder / "mezo-lorafa-E16_lr1e-3_seed16.json").write_text(json.dumps(threads))
+    for path in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json")):    # what prices the others' steps
+        copy = tmp_path / path.relative_to(rp.RESULTS)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
     monkeypatch.setattr(estimates, "RESULTS", tmp_path)
 
     cell = rp.grid_cells("table1", "cpu", only="rte/mezo-lorafa")[0]

@@ -211,22 +211,20 @@ def measured_step_seconds(results: Path = RESULTS, processor: str | None = None)
 
 
 def _local_or_all(runs: list, here: str | None) -> tuple[list, bool]:
-    """This processor's runs where it has at least :data:`LOCAL_MIN_RUNS`, else all of them; and whether the
-    first (as :func:`step_measure` chooses)."""
+    """This processor's runs where it has at least :data:`LOCAL_MIN_RUNS` (CPU models differ by 1.5x and more at
+    one thread), else all of them; and whether the first. The one rule of :func:`step_measure` and
+    :func:`task_measure`."""
     local = [r for r in runs if here and r.processors == (here,)]
     return (local, True) if len(local) >= LOCAL_MIN_RUNS else (runs, False)
 
 
 def step_measure(key: str) -> tuple[float, int, bool] | None:
     """(median seconds per step, runs, whether they all ran on this machine's processor) of the SST-2 runs of
-    :func:`rate_key` ``key``: this processor's runs where it has at least :data:`LOCAL_MIN_RUNS` (CPU models differ
-    by 1.5x and more at one thread), else every processor's; None without a committed run."""
-    here = cpu_name()
-    local = measured_step_seconds(RESULTS, here).get(key) if here else None
-    if local and local[1] >= LOCAL_MIN_RUNS:
-        return (*local, True)
-    found = measured_step_seconds().get(key)
-    return (*found, False) if found else None
+    :func:`rate_key` ``key`` at its method's Table 1 batch, as :func:`measured_step_seconds` counts them, chosen
+    by :func:`_local_or_all`; None without a committed run."""
+    runs = [r for r in priced_runs(RESULTS) if r.task == "sst2" and r.reference and r.key == key]
+    chosen, here = _local_or_all(runs, cpu_name())
+    return (statistics.median(r.step for r in chosen), len(chosen), here) if chosen else None
 
 
 class TaskMeasure(NamedTuple):
