@@ -658,6 +658,14 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
 
 
+def _copy_results(paths, folder: Path) -> None:
+    """Committed result files copied under ``folder`` at their places below the results folder."""
+    for path in paths:
+        copy = folder / path.relative_to(rp.RESULTS)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+
+
 def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path, unmeasured_processor):
     """--list's seconds per step are medians of the committed SST-2 cells' measured steps, a run that does not price
     a CPU step alone is left out, and a method without one is priced by the stated assumption, which the listing
@@ -668,10 +676,7 @@ def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path
         sorted(rp.RESULTS.glob("senszoq/sst2/prge-q4-E16-nf4_*.json"))
     assert len(made) >= 4                                  # the committed P-RGE SST-2 cells, three seeds and more
     medians = [rp.read_result(p)["step_s"]["median"] for p in made]
-    for path in made:                                       # the same runs, copied where a grid keeps them
-        copy = tmp_path / path.relative_to(rp.RESULTS)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(path.read_text())
+    _copy_results(made, tmp_path)                           # the same runs, copied where a grid keeps them
     run = json.loads(made[0].read_text())
     decoys = {"rte/prge-q4-E16_lr1e-3_seed7.json": {"task": "rte"},                 # another task
               "sst2/prge-q4-E16_lr1e-3_seed8.json": {"same_run_as": "alternatives/sst2/x.json"},   # counted once
@@ -756,10 +761,7 @@ def test_a_cell_is_priced_from_runs_of_its_own_task_method_batch_and_weights(tmp
     threads = json.loads(json.dumps(run))
     threads["provenance"]["hardware"]["torch_threads"] = 2
     (folder / "mezo-lorafa-E16_lr1e-3_seed16.json").write_text(json.dumps(threads))
-    for path in sorted(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json")):    # what prices the others' steps
-        copy = tmp_path / path.relative_to(rp.RESULTS)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(path.read_text())
+    _copy_results(rp.RESULTS.glob("table1/sst2/prge-q4-E16_*.json"), tmp_path)   # what prices the others' steps
     monkeypatch.setattr(estimates, "RESULTS", tmp_path)
 
     cell = rp.grid_cells("table1", "cpu", only="rte/mezo-lorafa")[0]

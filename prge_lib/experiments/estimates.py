@@ -199,13 +199,18 @@ def priced_runs(results: Path = RESULTS) -> tuple[PricedRun, ...]:
     return tuple(runs)
 
 
+def _reference_runs(results: Path) -> list[PricedRun]:
+    """The runs of :func:`priced_runs` that price a method's step: on SST-2, at its method's Table 1 batch."""
+    return [r for r in priced_runs(results) if r.task == "sst2" and r.reference]
+
+
 def measured_step_seconds(results: Path = RESULTS, processor: str | None = None) -> dict[str, tuple[float, int]]:
     """{:func:`rate_key`: (median seconds per step, runs measured)} over the SST-2 runs of :func:`priced_runs` at
     their method's Table 1 batch (``step_s.median`` of each, the median over them). ``processor``: only the runs
     that computed on it alone, in every sitting (:func:`~prge_lib.experiments.summaries.processors_of`)."""
     steps: dict[str, list[float]] = {}
-    for run in priced_runs(results):
-        if run.task == "sst2" and run.reference and (processor is None or run.processors == (processor,)):
+    for run in _reference_runs(results):
+        if processor is None or run.processors == (processor,):
             steps.setdefault(run.key, []).append(run.step)
     return {key: (statistics.median(times), len(times)) for key, times in sorted(steps.items())}
 
@@ -222,7 +227,7 @@ def step_measure(key: str) -> tuple[float, int, bool] | None:
     """(median seconds per step, runs, whether they all ran on this machine's processor) of the SST-2 runs of
     :func:`rate_key` ``key`` at its method's Table 1 batch, as :func:`measured_step_seconds` counts them, chosen
     by :func:`_local_or_all`; None without a committed run."""
-    runs = [r for r in priced_runs(RESULTS) if r.task == "sst2" and r.reference and r.key == key]
+    runs = [r for r in _reference_runs(RESULTS) if r.key == key]
     chosen, here = _local_or_all(runs, cpu_name())
     return (statistics.median(r.step for r in chosen), len(chosen), here) if chosen else None
 
