@@ -204,7 +204,9 @@ def _list_number(item) -> str:
     (a step's loss or projected gradients, computed in float32) is written with the fewest digits that give that
     float32 back (at most 9 significant, ``str`` of ``numpy.float32``) instead of the 17 that name the double:
     read back and cast to float32 it is the value computed, and a 1000-step P-RGE result at q 16 is half the size
-    (every result travels with the repository to a GPU machine). Any other value is written as JSON writes it."""
+    (every result travels with the repository to a GPU machine). A double that merely happens to be a float32 value
+    (a short timed step now and then) is kept so to float32 precision, 6e-8 relative, not bit for bit. Any other
+    value is written as JSON writes it."""
     if type(item) is float and math.isfinite(item) and float(numpy.float32(item)) == item:
         return str(numpy.float32(item))
     return json.dumps(item, default=str)
