@@ -460,6 +460,8 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
     records = {r["row"]: r for r in rp.summarize("table1", tmp_path)}
     assert records["mezo-E16"]["trained"] is False and records["zeroshot"]["trained"] is None
     assert records["prge-q4-E16"]["trained"] is True                    # seed 1 rose 0.023 > 0.02236
+    # seed 0 did not (0.020): the row trained, and its mean holds one seed that stayed at zero-shot
+    assert (records["prge-q4-E16"]["stayed"], records["mezo-E16"]["stayed"], records["zeroshot"]["stayed"]) == (1, 1, None)
     assert rp.format_score(records["mezo-E16"]) == "did not train (1)"
     # (75 - 50) / (90 - 50) = 0.625 -> 0.62; the paper's SST-2: (89.1 - 55.3) / (94.2 - 55.3) = 0.8689
     assert records["prge-q4-E16"]["fo_gain_share"] == 0.62 and records["prge-q4-E16"]["paper_fo_gain_share"] == 0.87
@@ -468,6 +470,9 @@ def test_a_row_that_never_left_zero_shot_prints_did_not_train_and_gain_shares_fo
     text = md_path.read_text()
     assert "| MeZO (Full) | did not train (1) |" in text and "| P-RGE (q = 4) | 0.62 (paper 0.87) |" in text
     assert "- MeZO (Full): lr 1e-6 (one rate tried)" in text
+    # a row that did not train at all is not listed again among rows with a seed that stayed
+    assert ("in a row whose other seeds did, counted in the row's mean at their best validation step: P-RGE (q = 4) on "
+            "sst2 (1 of 2 seeds).") in text
     # every run here was at its best at its last evaluation (step 2): the budget may have stopped it
     assert (records["prge-q4-E16"]["best_at_end"], records["zeroshot"]["best_at_end"]) == (2, None)
     assert ("more steps might have raised it: FO-Adam (LoRA-FA) on sst2 (1 of 1 seed); MeZO (Full) on sst2 (1 of 1 "

@@ -201,7 +201,8 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
     seed's best validation step as mean, standard deviation, min and max over the seeds, the mean training
     minutes per run (:func:`training_seconds`; None for zero-shot rows) and where the runs ran (``device``:
     "cpu", "cuda" or "cpu+cuda"; minutes only compare between records of the same device). ``trained`` is
-    False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows),
+    False when no seed's run left its starting point (:func:`left_zero_shot`; None for zero-shot rows) and
+    ``stayed`` how many seeds' runs did not (in a row that trained, their scores sit in its mean),
     ``lrs_trained`` the rates tried at which some run did (None where a run recorded no start),
     ``best_at_end`` how many seeds' runs were at their best validation score at their last evaluation
     (:func:`best_at_end`; None for zero-shot rows), ``diverged`` the runs that stopped as diverged
@@ -254,6 +255,7 @@ def summarize(grid: str, results: Path = RESULTS, profile: str = "cpu") -> list[
             "gpu_noise": "+".join(sorted({(r.get("config") or {}).get("noise") or "torch" for r in runs
                                           if device_of(r) == "cuda"})) or None,
             "trained": None if zero_shot or None in moved else any(moved),
+            "stayed": None if zero_shot or None in moved else moved.count(False),
             "best_at_end": None if zero_shot else sum(bool(best_at_end(r)) for r in runs),
             "diverged": [text for text in map(diverged_at, runs) if text],
             "majority": _majority(runs),
@@ -469,6 +471,10 @@ def summary_markdown(records: list[dict]) -> str:
                    "was at its highest and more steps might have raised it: ",
                    [f"{r['label']} on {r['task']} ({r['best_at_end']} of {r['n']} seed{'s' * (r['n'] > 1)})"
                     for r in records if r.get("best_at_end")])
+    _add_paragraph(lines, "Seeds whose run did not leave its step-0 score (the rule above) in a row whose other seeds "
+                   "did, counted in the row's mean at their best validation step: ",
+                   [f"{r['label']} on {r['task']} ({r['stayed']} of {r['n']} seeds)"
+                    for r in records if r.get("trained") and r.get("stayed")])
     _add_paragraph(lines, "Runs stopped as diverged, their test score read at their best validation step before "
                    "the stop: ", [f"{r['label']} on {r['task']}: {', '.join(r['diverged'])}"
                                   for r in records if r.get("diverged")])

@@ -28,6 +28,7 @@ class SummaryRow(TypedDict):
     device: str                 # "cpu", "cuda" or "cpu+cuda"
     gpu_noise: str | None       # where the GPU runs' ZO noise came from ("torch", "counter"; None: no GPU run)
     trained: bool | None        # False: no seed left zero-shot (summaries.left_zero_shot); None: zero-shot row
+    stayed: int | None          # seeds whose run did not leave zero-shot (None: zero-shot row, or a run without a start)
     best_at_end: int | None     # seeds at their best validation score at their last evaluation (summaries.best_at_end)
     diverged: list[str]         # the runs recorded as diverged, "seed 0 after step 707 of 1000" (summaries.diverged_at)
     majority: float | None      # percent: always giving the test sample's commonest answer (None: no classes)
