@@ -596,6 +596,14 @@ def test_training_seconds_takes_out_a_pause():
     assert rp.training_seconds({"method": "zeroshot"}) is None
 
 
+def _copy_results(paths, folder: Path) -> None:
+    """Committed result files copied under ``folder`` at their places below the results folder."""
+    for path in paths:
+        copy = folder / path.relative_to(rp.RESULTS)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+
+
 def test_committed_results_are_valid_and_their_summaries_recompute(tmp_path):
     """Every committed grid result passes the schema and is a cell of its grid (of a two-stage grid, its sweep
     with the rates a stalled row's training loss added), and a committed summary equals the one recomputed from
@@ -617,12 +625,7 @@ def test_committed_results_are_valid_and_their_summaries_recompute(tmp_path):
             assert match, f"{grid}/{r['_file']} is not a cell of grid {grid}"
             assert not rp.cell_matches(match[0], r), f"{grid}/{r['_file']}: {rp.cell_matches(match[0], r)}"
         if (folder / "summary.csv").is_file():
-            copy = tmp_path / grid
-            copy.mkdir()
-            for r in results:
-                target = copy / r["_file"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text((folder / r["_file"]).read_text())
+            _copy_results((folder / r["_file"] for r in results), tmp_path)
             csv_path, md_path = rp.write_summary(grid, tmp_path)
             assert csv_path.read_text() == (folder / "summary.csv").read_text(), grid
             assert md_path.read_text() == (folder / "summary.md").read_text(), grid
@@ -661,14 +664,6 @@ def test_cli_lists_runs_and_refuses_bad_input(tiny_env, tiny_folder, tmp_path, c
     assert main(["reproduce", "table1", "--only", "sst2/zeroshot", "--model", str(tiny_folder), *roots]) == 0
     result = json.loads((tmp_path / "res" / "table1" / "sst2" / "zeroshot_seed0.json").read_text())
     assert result["method"] == "zeroshot" and result["best_val"]["step"] == 0 and result["steps"] == 0
-
-
-def _copy_results(paths, folder: Path) -> None:
-    """Committed result files copied under ``folder`` at their places below the results folder."""
-    for path in paths:
-        copy = folder / path.relative_to(rp.RESULTS)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(path.read_text())
 
 
 def test_list_prices_steps_from_the_committed_result_files(monkeypatch, tmp_path, unmeasured_processor):
