@@ -76,6 +76,23 @@ def small_trainer(tiny_factory, tokenizer, data, folder=None, **settings):
     return Trainer(TrainConfig("sst2", **settings), tiny_factory(), tokenizer, data, folder, progress=False)
 
 
+def crash_during_step(trainer, n: int) -> None:
+    """Run ``trainer`` until its n-th step, which is interrupted as a killed process would be."""
+    real_step = trainer.method.step
+
+    def crashing(batch, t):
+        if t == n - 1:
+            raise KeyboardInterrupt(f"simulated interruption during step {n}")
+        return real_step(batch, t)
+
+    trainer.method.step = crashing
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        return
+    raise AssertionError(f"the run ended without reaching step {n}")
+
+
 def data_parallel_worker(rank: int, workers: int, port: int, settings: dict, model_folder: str, data_root: str,
                          checkpoint_dir: str, kill_at: int | None = None, ask_at: int | None = None) -> None:
     """One worker of a data-parallel run on a local model folder, started by a test in its own process; with

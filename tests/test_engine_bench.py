@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
-from prge_lib.experiments.bench.engine import (ModelShape, engine_bench, engine_ratios, eval_spec, forward_flops,
+from prge_lib.experiments.bench.engine import (ModelShape, eager_groups, engine_bench, engine_ratios, eval_spec,
+                                               forward_flops,
                                                forward_tokens, pack_options, pack_spec, parse_configs, peak_flops,
                                                real_token_share, step_batches, step_flops)
 from prge_lib.experiments.bench.methods import BatchSource
-from prge_lib.models.objective import collate
+from prge_lib.models.objective import collate, length_chunks
 
 
 def test_peaks_by_device_name():
@@ -30,7 +31,10 @@ def test_config_names():
     assert pack_options("packed-256-lowp-compiled") == ("packed-256", {"lowp_lora": True, "compiled": True})
     assert pack_options("packed-8-compiled") == ("packed-8", {"compiled": True})
     assert pack_options("packed-8") == ("packed-8", {})
-    for bad in ("fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
+    assert parse_configs("eager,eager-l4") == ["eager", "eager-l4"]
+    assert eager_groups("eager") == 1 and eager_groups("eager-l4") == 4 and eager_groups("optimised") is None
+    assert eager_groups("eager-l0") is None and eager_groups("packed-8") is None
+    for bad in ("eager-l0", "eager-lx", "eager-4", "fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
                 "eval-0", "eval-x", "eval", "packed-lowp", "lowp", "packed-8-lowp-g2", "packed-8-compiled-lowp",
                 "packed-compiled"):
         with pytest.raises(ValueError):
@@ -109,6 +113,25 @@ def test_the_benchmark_runs_every_configuration_on_the_cpu(tiny_factory, tokeniz
         for name in ("optimised", "packed-2", "packed-max", "packed-4-g2", "packed-2-lowp"):
             assert ratios[f"{name}_over_eager"] == pytest.approx(
                 records[name]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
+
+
+def test_the_per_layer_step_in_length_groups_is_measured_beside_it(tiny_factory, tokenizer):
+    """eager-lK: the CPU's step with its rows in K forwards by length (--length-groups K); its real-token share is
+    that of the length chunks the timed steps forwarded, at least eager's, and its rate is set beside eager's."""
+    result = engine_bench(lambda dtype: (tiny_factory(0, 1), tokenizer), ["eager", "eager-l2", "eager-l9"], ["rte"],
+                          q=1, E=4, seq_len=96, buckets=None, dtype="fp32", steps=2, warmup=1,
+                          progress=lambda line: None)
+    records, ratios = result["tasks"]["rte"]["configs"], result["tasks"]["rte"]["ratios"]
+    assert records["eager-l2"]["length_groups"] == 2 and records["eager"]["length_groups"] == 1
+    assert records["eager-l9"]["length_groups"] == 4                # at most one chunk per row of the batch
+    source = BatchSource(tokenizer.vocab_size, 96, "rte", tokenizer)
+    drawn = [step_batches(source, 1, 4, t)[0] for t in (1, 2)]
+    assert records["eager-l2"]["real_token_share"] == pytest.approx(
+        real_token_share([[chunk] for b in drawn for _, chunk in length_chunks(b, 2)], None))
+    assert records["eager-l9"]["real_token_share"] == 1.0            # one row per forward: no padding at all
+    assert records["eager-l2"]["real_token_share"] >= records["eager"]["real_token_share"]
+    assert ratios["eager-l2_over_eager"] == pytest.approx(
+        records["eager-l2"]["run_steps_per_s"] / records["eager"]["run_steps_per_s"])
 
 
 def test_evaluations_alone_and_together_are_measured(tiny_factory, tokenizer):

@@ -5,21 +5,7 @@ import torch
 from prge_lib.training.checkpoints import CheckpointError
 from prge_lib.training.trainer import TrainConfig, TrainingDiverged
 
-from fixtures import small_trainer as _trainer
-
-
-def crash_during_step(trainer, n: int) -> None:
-    """Run ``trainer`` until its n-th step, which is interrupted as a killed process would be."""
-    real_step = trainer.method.step
-
-    def crashing(batch, t):
-        if t == n - 1:
-            raise KeyboardInterrupt(f"simulated interruption during step {n}")
-        return real_step(batch, t)
-
-    trainer.method.step = crashing
-    with pytest.raises(KeyboardInterrupt):
-        trainer.run()
+from fixtures import crash_during_step, small_trainer as _trainer
 
 
 @pytest.mark.parametrize("method,extra", [

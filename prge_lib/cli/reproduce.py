@@ -37,6 +37,15 @@ def run_reproduce(args) -> int:
             raise ValueError(f"--stop-rising stops training cells, and grid {args.grid!r} has none (its cells are "
                              f"benchmarks or WikiText-2 curves)")
         overrides["stop_rising"] = args.stop_rising
+    if args.length_groups != 1:
+        check_numbers({"length_groups": args.length_groups}, options=True)
+        if all(row.kind != "train" for row in rp.GRIDS[args.grid]["rows"]):
+            raise ValueError(f"--length-groups cuts the batches of training cells, and grid {args.grid!r} has none")
+        if args.device != "cpu" or (args.pack or 1) > 1:
+            raise ValueError("--length-groups cuts one run's batch on the per-layer step the CPU runs; a GPU runs "
+                             "the fused step, and a pack cuts its forwards with --width-groups instead (got "
+                             f"--device {args.device}, --pack {args.pack})")
+        overrides["length_groups"] = args.length_groups
     benchmarks = [g for g in rp.GRIDS if any(row.method == "bench" for row in rp.GRIDS[g]["rows"])]
     if args.dtype != "fp32":
         if args.grid not in benchmarks:
@@ -199,6 +208,10 @@ def reproduce_options(rp) -> None:
     rp.add_argument("--width-groups", type=int, default=1, metavar="K",
                     help="each step of a pack in K forwards of cells of similar batch width, each padded to its "
                          "own widest batch (prge_lib.zo.packing.Pack; default 1: one forward)")
+    rp.add_argument("--length-groups", type=int, default=1, metavar="K",
+                    help="the ZO training cells on the CPU: each step's rows in K forwards of rows of similar length, "
+                         "each padded to its own longest row (the same losses up to float rounding, fewer padded "
+                         "tokens; each result's sittings record it; default 1: one padded batch)")
     rp.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"),
                     help="the benchmark grids (runtime, memory): the base weights' precision in the timed steps")
     rp.add_argument("--results-dir", default=None, help="where result files go (default data/results)")

@@ -79,6 +79,8 @@ class Cell:
             options += f" --dtype {c['dtype']}"
         if c.get("stop_rising") is not None:
             options += f" --stop-rising {c['stop_rising']:g}"
+        if c.get("length_groups", 1) != 1:
+            options += f" --length-groups {c['length_groups']}"
         if self.stage != "sweep":
             options += f" --stage {self.stage}"
         return f"prge reproduce {self.grid} --profile {self.profile} --only {self.name}{options}"
@@ -155,7 +157,8 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
         s.update(method=row.method, lr=lr, steps=STEPS[profile][fam], eval_every=EVAL_EVERY[profile][fam],
                  **row.settings)
     s.update({k: v for k, v in overrides.items()
-              if row.method != "zeroshot" or k.startswith("n_") or k == "device"})
+              if (row.method != "zeroshot" or k.startswith("n_") or k == "device")
+              and (k != "length_groups" or (row.method != "zeroshot" and k in registry.get(row.method).uses))})
     if profile == "paper" and str(s.get("device", "cpu")).startswith("cuda") and row.method != "zeroshot" \
             and "cuda_graphs" in registry.get(row.method).uses:
         # the paper's budget on a GPU runs the optimised engine (chapter 5): each step replayed as a CUDA graph,

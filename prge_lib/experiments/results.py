@@ -25,8 +25,8 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
     The device is not a setting of the cell: a cell run on a GPU is the same cell (its result records the
     device and the hardware; its ZO noise comes from the counter generator, the CPU run's z with --noise counter, or,
     in results made before that default, from torch's CUDA generator: other draws of the same law). Nor is how
-    the GPU runs its steps (:data:`HOW_IT_RUNS`: length buckets and CUDA graphs change the rounding, not the run),
-    nor whether a diverging run was stopped early (``stop_rising``: the same run, cut short once it diverged; its
+    the steps run (:data:`HOW_IT_RUNS`: length buckets, length groups and CUDA graphs change the rounding, not the
+    run), nor whether a diverging run was stopped early (``stop_rising``: the same run, cut short once it diverged; its
     result's ``diverged`` says where)."""
     if cell.kind == "bench":
         return [] if result.get("kind") == "bench" else ["kind"]
@@ -35,7 +35,8 @@ def cell_matches(cell: Cell, result: dict) -> list[str]:
             if k not in HOW_IT_RUNS + WHEN_IT_STOPS and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]
 
 
-HOW_IT_RUNS = ("device", "buckets", "cuda_graphs")   # where and how a cell's steps run, not which run it is
+# where and how a cell's steps run, not which run it is
+HOW_IT_RUNS = ("device", "buckets", "cuda_graphs", "length_groups")
 WHEN_IT_STOPS = ("stop_rising",)                     # when a diverging run is cut short, not which run it is
 
 

@@ -23,7 +23,7 @@ FAMILIES = ("zo", "fo")     # zeroth-order (ZO-SGD on q seeded queries) or first
 # Settings that only some methods read; a spec names those its method reads (``uses``). For the other methods
 # the trainer drops a NULLED setting (it records None) and refuses a REFUSED one set away from its default.
 NULLED = ("eps", "q", "E", "inner", "sparsity", "mask", "mask_scope")
-REFUSED = ("adapter", "noise", "program", "mmap_dir", "engine", "cuda_graphs")
+REFUSED = ("adapter", "noise", "program", "mmap_dir", "engine", "cuda_graphs", "length_groups")
 
 Config = Any        # a resolved TrainConfig, read by attribute
 Builder = Callable[[Config, Any, Any, Callable[[], list] | None], "Method"]
@@ -136,9 +136,9 @@ def _build_mezo(c: Config, model, tokenizer=None, task_batches=None):
     from prge_lib.zo.mezo import MeZOFull
 
     if c.adapter == "none":
-        return MeZOFull(model, c.q, c.eps, c.lr, c.seed)
+        return MeZOFull(model, c.q, c.eps, c.lr, c.seed, length_groups=c.length_groups)
     model, params = add_adapter(model, c.adapter, c.targets, c.r, c.alpha, seed=c.seed)
-    return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params)
+    return MeZOFull(model, c.q, c.eps, c.lr, c.seed, params=params, length_groups=c.length_groups)
 
 
 def _build_prge(c: Config, model, tokenizer=None, task_batches=None):
@@ -156,7 +156,7 @@ def _build_prge(c: Config, model, tokenizer=None, task_batches=None):
 
         fused = GraphedPRGE if c.cuda_graphs else FusedPRGE
         return fused(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner)
-    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise)
+    return PRGE(model, layers, c.q, c.eps, c.lr, c.seed, c.outer, c.inner, c.keep_noise, c.length_groups)
 
 
 def _build_senszoq(c: Config, model, tokenizer=None, task_batches=None, start=None):
@@ -167,7 +167,7 @@ def _build_senszoq(c: Config, model, tokenizer=None, task_batches=None, start=No
     batches = task_batches() if c.mask == "task" and start is None else None
     return build_senszoq(_truncated(c, model), tokenizer, mask=c.mask, sparsity=c.sparsity, scope=c.mask_scope,
                          quant=c.quant, q=c.q, eps=c.eps, lr=c.lr, seed=c.seed, task_batches=batches,
-                         outer=c.outer and c.q > 1, inner=bool(c.inner), start=start)
+                         outer=c.outer and c.q > 1, inner=bool(c.inner), start=start, length_groups=c.length_groups)
 
 
 def _build_mebp(c: Config, model, tokenizer=None, task_batches=None):
@@ -201,7 +201,7 @@ def _check_mebp(c: Config) -> None:
         raise ValueError(f"mebp trains with Adam (seed 004); got optimizer {c.optimizer!r}")
 
 
-_ZO = frozenset({"eps", "q", "E", "inner"})
+_ZO = frozenset({"eps", "q", "E", "inner", "length_groups"})
 
 # Gao et al. App. C (Table 10): batch sizes, and one value from each learning-rate grid
 register(MethodSpec("fo", "fo", functools.partial(_build_first_order, lorafa=False),

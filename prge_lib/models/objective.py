@@ -131,6 +131,44 @@ def copy_losses(model, batch: Batch, n: int, device_mask: bool | None = None) ->
     return row_losses(model, batch, device_mask).reshape(n, -1).mean(1)
 
 
+def length_chunks(batch: Batch, groups: int) -> list[tuple[torch.Tensor, Batch]]:
+    """The rows of ``batch`` sorted by their real length (stable) and cut into ``groups`` chunks of near-equal
+    size (at most one per row), each as (its row indices, its rows cut to the chunk's longest prompt and target):
+    the padding of one batch shrinks to that of a few shorter ones (chapter 5, the padding share)."""
+    if not (isinstance(groups, int) and groups >= 1):
+        raise ValueError(f"length groups: a whole number >= 1, got {groups!r}")
+    lengths = batch.attention_mask.sum(1)
+    order = torch.argsort(lengths, stable=True)
+    chunks = []
+    for rows in torch.tensor_split(order, min(groups, batch.rows)):
+        width = int(lengths[rows].max())
+        target_width = int((batch.targets[rows] != IGNORE).sum(1).max())
+        chunks.append((rows, Batch(batch.input_ids[rows, -width:], batch.attention_mask[rows, -width:],
+                                   batch.targets[rows, -target_width:])))
+    return chunks
+
+
+def grouped_copy_losses(model, batch: Batch, n: int, groups: int = 1, device_mask: bool | None = None) -> torch.Tensor:
+    """:func:`copy_losses` of ``batch.repeat(n)`` (a (n,) tensor), forwarded in :func:`length_chunks`: each chunk
+    of rows repeated n times, copy-major as the perturbed layers read them. The same losses up to float rounding,
+    over fewer padded tokens; ``groups`` 1 is :func:`copy_losses` itself (the same numbers bit for bit)."""
+    if groups == 1:
+        return copy_losses(model, batch.repeat(n), n, device_mask)
+    total = None
+    for _, rows in length_chunks(batch, groups):
+        sums = row_losses(model, rows.repeat(n), device_mask).reshape(n, -1).sum(1)
+        total = sums if total is None else total + sums
+    return total / batch.rows
+
+
+def mean_loss(model, batch: Batch, groups: int = 1) -> torch.Tensor:
+    """The step's loss, the mean of :func:`row_losses` over the batch (MeZO, SensZOQ), in ``groups`` length
+    chunks (:func:`grouped_copy_losses`); ``groups`` 1 is the plain mean (bit for bit)."""
+    if groups == 1:
+        return row_losses(model, batch).mean()
+    return grouped_copy_losses(model, batch, 1, groups)[0]
+
+
 def fit_width(batch: Batch, width: int, pad_id: int, target_width: int | None = None) -> Batch:
     """Left-pad (or cut from the left) every row to exactly ``width`` tokens, and the targets to
     ``target_width`` columns: a program has fixed shapes. The answer sits at the right end, so cutting from

@@ -23,7 +23,7 @@ WHOLE = {"steps": (1, None), "q": (1, None), "E": (1, None), "batch_size": (1, N
          "r": (1, None), "max_length": (1, None), "seq_len": (1, None), "rows": (1, None), "repeats": (1, None),
          "cpus_per_cell": (1, None), "warmup": (0, None), "eval_every": (0, None), "checkpoint_every": (0, None),
          "seed": (0, 2**32 - 1), "workers": (1, None), "ddp_steps": (0, None), "max_pack": (1, None),
-         "eval_examples": (1, None)}
+         "eval_examples": (1, None), "length_groups": (1, None)}
 # settings that must be positive, finite numbers
 POSITIVE = ("lr", "eps", "alpha")
 # factors that must exceed 1, finite (stop_rising: a loss that merely failed to fall has not diverged)

@@ -19,6 +19,8 @@ from prge_lib.zo.defaults import DEFAULT_TARGETS, ENGINES, KEEP_NOISE_BUDGET_MIB
 _IDENTITY = ("task", "method", "adapter", "lr", "eps", "q", "E", "batch_size", "outer", "inner", "optimizer",
              "r", "alpha", "targets", "seed", "n_train", "max_length", "model", "dtype", "quant", "noise",
              "layers", "sparsity", "mask", "mask_scope", "engine", "buckets")
+# length_groups is not among them: it changes how the step's forwards are cut (float rounding), not the run; each
+# sitting records it (Trainer.begin), as it records the processor
 # identity keys added later, with the value that checkpoints written before them implied
 IDENTITY_LEGACY = {"adapter": "none", "noise": "torch", "layers": None, "sparsity": None, "mask": None,
                     "mask_scope": None, "engine": "layerwise", "buckets": None}
@@ -76,6 +78,10 @@ class TrainConfig:
                                        "the default on a GPU)", choices=ENGINES)
     buckets: str | None = _option(None, "pad every batch to the smallest of these lengths that holds it, e.g. "
                                         "32,64,128 (shapes repeat: what --cuda-graphs needs)")
+    length_groups: int = _option(1, "ZO: forward each step's rows in this many chunks of similar length, each "
+                                    "padded to its own longest row (the same loss up to float rounding over fewer "
+                                    "padded tokens; at most one per row of a query's batch; 1: one padded batch; "
+                                    "layerwise engine, no buckets)")
     cuda_graphs: bool = _option(False, "P-RGE on a GPU: replay the fused step as a CUDA graph per batch shape "
                                        "(needs --engine fused and --buckets)")
     layers: int | None = _option(None, "keep only the first N decoder layers (small exported programs)")
@@ -143,6 +149,7 @@ class TrainConfig:
         check_numbers(dataclasses.asdict(c))
         if spec.family == "zo":
             c.batch_size = check_zo_settings(c.q, c.E, c.eps, c.dtype)
+            c.length_groups = min(c.length_groups, c.batch_size)     # a chunk holds at least one row
         else:
             if c.optimizer not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {c.optimizer!r}; choose one of {list(OPTIMIZERS)}")
@@ -191,6 +198,10 @@ def _resolve_engine(c: TrainConfig, lorafa: bool) -> None:
         raise ValueError("a program runs its own step in the runtime: leave engine unset or 'layerwise'")
     buckets = parse_buckets(c.buckets)
     c.buckets = None if buckets is None else ",".join(map(str, buckets))
+    if c.length_groups != 1 and (c.engine == "fused" or c.program is not None or buckets):
+        raise ValueError(f"length_groups {c.length_groups} cuts each batch to its rows' own lengths: it runs with "
+                         f"the layerwise engine, without a program or buckets (got engine {c.engine!r}, program "
+                         f"{c.program!r}, buckets {c.buckets!r})")
     if c.cuda_graphs and not (gpu and c.engine == "fused" and buckets):
         raise ValueError(f"cuda_graphs replays the fused step on a GPU for fixed shapes: it needs device cuda, "
                          f"engine 'fused' and buckets (got device {c.device!r}, engine {c.engine!r}, "

@@ -377,11 +377,13 @@ class Trainer:
             # a result put together over several sittings says where each later one began (its wall time
             # covers the last sitting only; ``elapsed_s`` sums them all)
             self.history.setdefault("resumed_at", []).append(self.step)
-        # and on which processor each sitting ran: one resumed on another machine rounds otherwise from there on
+        # and on which processor each sitting ran (and in how many length groups its forwards were cut, where not
+        # one): one resumed on another machine, or cut otherwise, rounds otherwise from there on
         # (and, where the method was built from the checkpoint's start, that it was)
         self.history.setdefault("sittings", []).append(
             {"step": self.step, "processor": processor(self.device),
-             **({"start": "checkpoint"} if self.started_from_checkpoint else {})})
+             **({"start": "checkpoint"} if self.started_from_checkpoint else {}),
+             **({"length_groups": self.config.length_groups} if self.config.length_groups != 1 else {})})
         if not resume and self.config.eval_every and evaluate:
             self.record_evaluation(0)
 

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from prge_lib.models.loading import is_quantized
-from prge_lib.models.objective import Batch, row_losses
+from prge_lib.models.objective import Batch, mean_loss
 from prge_lib.zo.estimator import ZerothOrder, step_seeds
 from prge_lib.zo.rge import check_zo_dtype, gaussian
 
@@ -120,8 +120,9 @@ class MeZOFull(ZerothOrder):
     """MeZO with the seed trick over every weight of the model, or a chosen subset (Gao et al. Alg. 3)."""
 
     def __init__(self, model, q: int, eps: float, lr: float, seed: int = 0,
-                 params: dict[str, torch.Tensor] | None = None):
+                 params: dict[str, torch.Tensor] | None = None, length_groups: int = 1):
         super().__init__(model, q, eps, lr, seed)
+        self.length_groups = length_groups
         if params is None:
             params = dict(model.named_parameters())   # tied weights appear once
         if is_quantized(params.values()):
@@ -134,5 +135,6 @@ class MeZOFull(ZerothOrder):
         return self.params
 
     def step(self, batch: Batch, t: int) -> dict:
-        return step_record(mezo_step(list(self.params.values()), lambda: row_losses(self.model, batch).mean(),
+        return step_record(mezo_step(list(self.params.values()),
+                                     lambda: mean_loss(self.model, batch, self.length_groups),
                                      step_seeds(self.seed, t, self.q), self.eps, self.lr))

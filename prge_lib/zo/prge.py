@@ -21,7 +21,7 @@ import torch
 
 from prge_lib.common.provenance import as_float32
 from prge_lib.zo.lora import LoRAFALinear, draw_noise, keeping_noise, perturbed
-from prge_lib.models.objective import Batch, copy_losses
+from prge_lib.models.objective import Batch, grouped_copy_losses
 from prge_lib.zo.estimator import ZerothOrder, step_seeds  # noqa: F401  (step_seeds: re-exported)
 from prge_lib.zo.defaults import KEEP_NOISE_BUDGET_MIB
 from prge_lib.zo.rge import check_zo_dtype
@@ -51,7 +51,7 @@ def forward_groups(q: int, outer: bool, inner: bool) -> list[list[tuple[int, int
 @torch.no_grad()
 def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequence[int], eps: float,
               lr: float, outer: bool = True, inner: bool = True, update: bool = True,
-              keep_noise: bool = False) -> dict:
+              keep_noise: bool = False, length_groups: int = 1) -> dict:
     """One P-RGE step on ``batch`` (Gao et al. Alg. 1). Returns per-query losses ℓ⁺, ℓ⁻ and g (q,) tensors.
 
     With ``update=False`` (or a non-finite loss) the adapter is left untouched. ``keep_noise`` draws every z
@@ -61,21 +61,23 @@ def prge_step(model, layers: Sequence[LoRAFALinear], batch: Batch, seeds: Sequen
     """
     check_zo_dtype([layer.lora_B for layer in layers], "P-RGE")
     with keeping_noise(layers, draw_noise(layers, seeds)) if keep_noise else contextlib.nullcontext():
-        return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update)
+        return _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update, length_groups)
 
 
 def device_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
-                  inner: bool = True, device_mask: bool | None = None) -> torch.Tensor:
+                  inner: bool = True, device_mask: bool | None = None, length_groups: int = 1) -> torch.Tensor:
     """The 2q losses of a step's copies (s_i, ±ε), forwarded in the groups of :func:`forward_groups` with
     ``layers`` :func:`perturbed`: a (2, q) tensor (row 0 ℓ⁺, row 1 ℓ⁻) of the losses' dtype (fp32 or fp64) left
     on the model's device.
     ``layers``: LoRA-FA layers, or any layers that read ``copies`` the same way (SensZOQ's sparse values).
-    ``device_mask``: as :func:`prge_lib.models.objective.tail_logits` (default: on a GPU)."""
+    ``device_mask``: as :func:`prge_lib.models.objective.tail_logits` (default: on a GPU). ``length_groups``: each
+    forward's rows in that many chunks of similar length (:func:`prge_lib.models.objective.grouped_copy_losses`;
+    1, the default: one padded batch)."""
     q = len(seeds)
     values, order = [], []
     for group in forward_groups(q, outer, inner):
         with perturbed(layers, [(seeds[i], sign * eps) for i, sign in group]):
-            values.append(copy_losses(model, batch.repeat(len(group)), len(group), device_mask))
+            values.append(grouped_copy_losses(model, batch, len(group), length_groups, device_mask))
         order += [(0 if sign > 0 else 1) * q + i for i, sign in group]
     flat = torch.cat(values)
     if order != list(range(2 * q)):       # forwards in another order than ℓ⁺ then ℓ⁻: put each loss in place
@@ -91,15 +93,16 @@ def projected_gradients(losses: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def two_point_losses(model, layers: Sequence, batch: Batch, seeds: Sequence[int], eps: float, outer: bool = True,
-                     inner: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, bool]:
+                     inner: bool = True, dtype: torch.dtype = torch.float32,
+                     length_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The losses of :func:`device_losses` on the host, as a (2, q) tensor of ``dtype``, the projected gradients
     g_i = (ℓ⁺_i − ℓ⁻_i) / 2ε (Gao et al. Alg. 1 line 11) in that dtype, and whether every loss is finite."""
-    losses = device_losses(model, layers, batch, seeds, eps, outer, inner).cpu().to(dtype)
+    losses = device_losses(model, layers, batch, seeds, eps, outer, inner, length_groups=length_groups).cpu().to(dtype)
     return losses, projected_gradients(losses, eps), bool(torch.isfinite(losses).all())
 
 
-def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update) -> dict:
-    losses, _, _ = two_point_losses(model, layers, batch, seeds, eps, outer, inner)
+def _prge_step(model, layers, batch, seeds, eps, lr, outer, inner, update, length_groups=1) -> dict:
+    losses, _, _ = two_point_losses(model, layers, batch, seeds, eps, outer, inner, length_groups=length_groups)
     return estimate_and_update(layers, seeds, losses, eps, lr, update)
 
 
@@ -144,9 +147,9 @@ class PRGE(ZerothOrder):
     """P-RGE on LoRA-FA layers already injected into ``model`` (q = 1: MeZO on LoRA-FA)."""
 
     def __init__(self, model, layers: Sequence[LoRAFALinear], q: int, eps: float, lr: float, seed: int = 0,
-                 outer: bool = True, inner: bool = True, keep_noise: bool | None = None):
+                 outer: bool = True, inner: bool = True, keep_noise: bool | None = None, length_groups: int = 1):
         super().__init__(model, q, eps, lr, seed)
-        self.layers, self.outer, self.inner = list(layers), outer, inner
+        self.layers, self.outer, self.inner, self.length_groups = list(layers), outer, inner, length_groups
         self.keep_noise = keeps_noise(self.layers, q, keep_noise)   # same numbers either way, only speed
 
     def trainable(self):
@@ -154,5 +157,5 @@ class PRGE(ZerothOrder):
 
     def step(self, batch: Batch, t: int) -> dict:
         out = prge_step(self.model, self.layers, batch, step_seeds(self.seed, t, self.q), self.eps, self.lr,
-                        self.outer, self.inner, keep_noise=self.keep_noise)
+                        self.outer, self.inner, keep_noise=self.keep_noise, length_groups=self.length_groups)
         return step_record(out)

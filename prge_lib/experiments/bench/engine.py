@@ -3,6 +3,8 @@ as the CPU runs it (``eager``), optimised, and packed, on real training batches,
 ratios compare like with like.
 
     eager        the per-layer step in fp32 with torch's noise: the CPU's path (prge_lib.zo.prge.PRGE)
+    eager-lK     the same step with each forward's rows in K chunks of similar length, each padded to its own
+                 longest row (--length-groups K; prge_lib.models.objective.grouped_copy_losses)
     optimised    the fused step (prge_lib.zo.fused) in the given dtype, counter noise, batches padded to length
                  buckets, replayed as a CUDA graph per shape on a GPU (prge_lib.zo.graphs)
     packed-N     N runs (seeds 0 … N−1) sharing each forward, fused, bucketed (prge_lib.zo.packing)
@@ -38,7 +40,7 @@ from prge_lib.experiments.bench.methods import BatchSource
 from prge_lib.experiments.bench.profile import profile_step
 from prge_lib.experiments.bench.traffic import count_step
 from prge_lib.models.buckets import bucket_length, to_bucket
-from prge_lib.models.objective import IGNORE, Batch
+from prge_lib.models.objective import IGNORE, Batch, length_chunks
 from prge_lib.zo.defaults import DEFAULT_TARGETS, LORA_ALPHA, LORA_R
 from prge_lib.zo.fused import FusedPRGE
 from prge_lib.zo.graphs import GraphedPRGE
@@ -90,6 +92,14 @@ def pack_spec(name: str) -> tuple[int | None, int] | None:
     return (None if size == "max" else int(size)), int(groups[1:])
 
 
+def eager_groups(name: str) -> int | None:
+    """The length groups of an eager configuration's name (eager → 1, eager-lK → K ≥ 1), None for another name."""
+    if name == "eager":
+        return 1
+    kind, _, size = name.partition("-l")
+    return int(size) if kind == "eager" and size.isdigit() and int(size) >= 1 else None
+
+
 def eval_spec(name: str) -> int | None:
     """The runs of an evaluation configuration's name (eval-N → N ≥ 1), None for a name that is not one."""
     kind, _, size = name.partition("-")
@@ -102,9 +112,10 @@ def parse_configs(text: str) -> list[str]:
     N ≥ 1)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
-        if name in FIXED or pack_spec(name) is not None or eval_spec(name) is not None:
+        if name in FIXED or pack_spec(name) is not None or eval_spec(name) is not None or eager_groups(name):
             continue
-        raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, packed-N (N ≥ 1), "
+        raise ValueError(f"unknown engine configuration {name!r}; choose from {list(FIXED)}, eager-lK (K ≥ 1 length "
+                         f"groups), packed-N (N ≥ 1), "
                          f"either pack with -gK (K ≥ 1 width groups, e.g. packed-256-g4), then -lowp and/or "
                          f"-compiled, or eval-N (N ≥ 1)")
     if not names:
@@ -203,18 +214,20 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     :func:`~prge_lib.experiments.bench.profile.profile_step`; its shapes are recorded already); with
     ``traffic``, once more with its operators' bytes counted (``traffic``:
     :func:`~prge_lib.experiments.bench.traffic.count_step`; a pack's step eagerly, as its CUDA graph records it)."""
-    model, tokenizer = make_model("fp32" if name == "eager" else dtype)
+    groups = eager_groups(name)                 # None: not the per-layer step
+    eager = groups is not None
+    model, tokenizer = make_model("fp32" if eager else dtype)
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     source, pad = source_for(model, tokenizer), tokenizer.pad_token_id
     rows = E // q
     shape = ModelShape.of(model.config)
-    record = {"config": name, "dtype": "fp32" if name == "eager" else dtype, "runs": runs, "q": q, "E": E,
-              "rows_per_run": rows, "buckets": None if name == "eager" else list(buckets or [])}
-    if name == "eager":
+    record = {"config": name, "dtype": "fp32" if eager else dtype, "runs": runs, "q": q, "E": E,
+              "rows_per_run": rows, "buckets": None if eager else list(buckets or [])}
+    if eager:
         layers = inject_lorafa(model, DEFAULT_TARGETS, LORA_R, LORA_ALPHA, seed=0, noise="torch")
-        method = PRGE(model, layers, q, eps, lr, 0)
-        record.update(engine="layerwise", noise="torch")
+        method = PRGE(model, layers, q, eps, lr, 0, length_groups=groups)
+        record.update(engine="layerwise", noise="torch", length_groups=min(groups, rows))
     elif runs == 1 and not name.startswith("packed"):
         layers = inject_lorafa(model, DEFAULT_TARGETS, LORA_R, LORA_ALPHA, seed=0, noise="counter")
         method = (GraphedPRGE if cuda and graphs else FusedPRGE)(model, layers, q, eps, lr, 0)
@@ -234,7 +247,7 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
         return sum(step_flops(shape, b, 2 * q, lora, LORA_R) for b in batches)
 
     def bucketed(b: Batch) -> Batch:
-        return b if name == "eager" else to_bucket(b, buckets, pad).to(device)
+        return b if eager else to_bucket(b, buckets, pad).to(device)
 
     if runs == 1 and not name.startswith("packed"):
         def one(t: int) -> list[Batch]:
@@ -252,8 +265,12 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
     times = time_steps(timed, steps, warmup, cuda)
     median = statistics.median(times)
     counted = [flops(batches) for batches in timed.batches[warmup:]]           # the timed steps' real tokens
-    share = real_token_share(timed.batches[warmup:], None if name == "eager" else buckets, width_groups)
-    if name != "eager":       # the fused draw is compiled on a GPU unless switched off or not compilable there
+    if groups and groups > 1:                 # each length chunk is a forward of its own width
+        share = real_token_share([[chunk] for batches in timed.batches[warmup:] for b in batches
+                                  for _, chunk in length_chunks(b, groups)], None)
+    else:
+        share = real_token_share(timed.batches[warmup:], None if eager else buckets, width_groups)
+    if not eager:             # the fused draw is compiled on a GPU unless switched off or not compilable there
         record["noise_compiled"] = compiles_on(device.type)
     record.update(step_s=step_times(times), run_steps_per_s=runs / median,
                   flops_per_step=statistics.mean(counted), flops_s=sum(counted) / sum(times),
@@ -269,7 +286,7 @@ def measure(name: str, make_model: Callable[[str], tuple], source_for: Callable,
                 record["traffic"] = count_step(lambda: timed(warmup))
             finally:
                 pack.graphs = graphed
-        elif not (cuda and graphs and name != "eager"):
+        elif not (cuda and graphs and not eager):
             record["traffic"] = count_step(lambda: timed(warmup))
         else:
             record["traffic"] = {"not_counted": "a CUDA graph's replay dispatches no operators (count it on the CPU)"}

@@ -21,7 +21,7 @@ from torch import nn
 
 from prge_lib.common.measure import time_steps
 from prge_lib.zo.mezo import mezo_step, replay_step, step_record, update_
-from prge_lib.models.objective import Batch, row_losses, synthetic_batch
+from prge_lib.models.objective import Batch, mean_loss, row_losses, synthetic_batch
 from prge_lib.zo.estimator import ZerothOrder, step_seeds
 from prge_lib.zo.prge import two_point_losses
 from prge_lib.zo.replay import checked_steps
@@ -148,11 +148,13 @@ def set_mode(layers: Sequence[SparseDenseLinear], mode: str) -> None:
 
 @torch.no_grad()
 def parallel_step(model, layers: Sequence[SparseDenseLinear], batch: Batch, seeds: Sequence[int], eps: float,
-                  lr: float, outer: bool = True, inner: bool = True) -> dict:
+                  lr: float, outer: bool = True, inner: bool = True, length_groups: int = 1) -> dict:
     """The step of :func:`mezo.mezo_step` with P-RGE's query copies in shared forwards (Gao et al. Alg. 1):
     the dense product of all rows is shared, each copy adds its own sparse product x (ε z_c)ᵀ (Eq. 21).
-    ``layers`` in :func:`sparsify`'s order (each draws its z at its place in that list, as ``mezo_step`` does)."""
-    losses, g, finite = two_point_losses(model, layers, batch, seeds, eps, outer, inner, torch.float64)
+    ``layers`` in :func:`sparsify`'s order (each draws its z at its place in that list, as ``mezo_step`` does).
+    ``length_groups``: as :func:`prge_lib.zo.prge.device_losses`."""
+    losses, g, finite = two_point_losses(model, layers, batch, seeds, eps, outer, inner, torch.float64,
+                                         length_groups)
     plus, minus = losses.tolist()
     grads = g.tolist()
     if finite:
@@ -175,9 +177,9 @@ class SensZOQ(ZerothOrder):
     rebuildable = True          # rebuild() replays a run from its projected gradients (a seed checkpoint)
 
     def __init__(self, model, layers: Sequence[SparseDenseLinear], q: int, eps: float, lr: float,
-                 seed: int = 0, outer: bool = False, inner: bool = False):
+                 seed: int = 0, outer: bool = False, inner: bool = False, length_groups: int = 1):
         super().__init__(model, q, eps, lr, seed)
-        self.layers, self.outer, self.inner = list(layers), outer, inner
+        self.layers, self.outer, self.inner, self.length_groups = list(layers), outer, inner, length_groups
         check_zo_dtype([layer.values for layer in self.layers], "SensZOQ")
         # the mask is the start a checkpoint keeps (Method.start): another processor ranks its Fisher with other
         # roundings, so a few entries at the top-k boundary may differ there (int32: a fifth of a megabyte at 0.1%)
@@ -189,10 +191,11 @@ class SensZOQ(ZerothOrder):
     def step(self, batch: Batch, t: int) -> dict:
         seeds = step_seeds(self.seed, t, self.q)
         if self.outer or self.inner:
-            out = parallel_step(self.model, self.layers, batch, seeds, self.eps, self.lr, self.outer, self.inner)
+            out = parallel_step(self.model, self.layers, batch, seeds, self.eps, self.lr, self.outer, self.inner,
+                                self.length_groups)
         else:
             out = mezo_step([layer.values for layer in self.layers],
-                            lambda: row_losses(self.model, batch).mean(), seeds, self.eps, self.lr)
+                            lambda: mean_loss(self.model, batch, self.length_groups), seeds, self.eps, self.lr)
         return step_record(out)
 
     @torch.no_grad()
@@ -214,12 +217,14 @@ def build_senszoq(model, tokenizer, *, mask="c4", sparsity: float = 1e-3, scope:
                   quant: str = "nf4", q: int = 1, eps: float = 1e-3, lr: float = 1e-6, seed: int = 0,
                   task_batches: Sequence[Batch] | None = None, cache: bool = True, mode: str = "dense",
                   outer: bool = False, inner: bool = False, n_c4: int = 64, max_length: int = 256,
-                  progress: bool = True, start: Mapping[str, torch.Tensor] | None = None) -> SensZOQ:
+                  progress: bool = True, start: Mapping[str, torch.Tensor] | None = None,
+                  length_groups: int = 1) -> SensZOQ:
     """The whole SensZOQ recipe (Guo et al. Fig. 4) on an unquantized ``model``: the mask (a kind from
     ``sensitivity.MASK_KINDS`` or a ready mask dict; "c4" is cached, "task" needs ``task_batches``), the
     split with the remainder in NF4, and the ZO method. ``method.settings`` records what was built.
     ``start``: the mask of a run's checkpoint (:attr:`SensZOQ.start`), used instead of computing the one ``mask``
-    names, which this machine may round to a few other entries: how a run resumes elsewhere than where it began."""
+    names, which this machine may round to a few other entries: how a run resumes elsewhere than where it began.
+    ``length_groups``: each forward's rows in that many chunks of similar length (``objective.mean_loss``)."""
     _check(quant, QUANTS, "quant"), _check(mode, MODES, "mode")
     settings = {"mask": mask if isinstance(mask, str) else "given", "sparsity": sparsity, "scope": scope,
                 "quant": quant, "mode": mode}
@@ -237,7 +242,7 @@ def build_senszoq(model, tokenizer, *, mask="c4", sparsity: float = 1e-3, scope:
         settings.update(sequences=scores.sequences, tokens=scores.tokens, seconds=round(scores.seconds, 2))
     elif isinstance(mask, str):
         mask = build_mask(mask, model, sparsity, scope, seed)
-    method = SensZOQ(model, sparsify(model, mask, quant, mode), q, eps, lr, seed, outer, inner)
+    method = SensZOQ(model, sparsify(model, mask, quant, mode), q, eps, lr, seed, outer, inner, length_groups)
     method.settings = {**settings, "k": mask_size(mask)}
     return method
 
