@@ -137,3 +137,12 @@ def test_the_reproduce_command_refuses_length_groups_where_nothing_cuts(capsys):
     assert "grid 'runtime' has none" in capsys.readouterr().err
     assert main(["reproduce", "table1", "--length-groups", "2", "--device", "cuda", "--list"]) == 2
     assert "a pack cuts its forwards with --width-groups" in capsys.readouterr().err
+
+
+def test_a_pack_refuses_length_groups_and_names_its_own_cut():
+    from prge_lib.training.config import TrainConfig
+    from prge_lib.training.packed import check_packable
+
+    with pytest.raises(ValueError, match="run 1: length_groups 2 cuts one run's batch.*width_groups"):
+        check_packable([TrainConfig("rte", method="mezo-lorafa"), TrainConfig("rte", method="mezo-lorafa",
+                                                                                 length_groups=2)])

@@ -76,6 +76,9 @@ def check_packable(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
             raise ValueError(f"run {i}: method {c.method!r} cannot be packed; choose one of {list(PACKABLE)}")
         if c.program is not None:
             raise ValueError(f"run {i}: a config with a program trains through the runtime host, not in a pack")
+        if c.length_groups != 1:
+            raise ValueError(f"run {i}: length_groups {c.length_groups} cuts one run's batch; a pack cuts its forwards "
+                             f"by batch width instead (width_groups)")
         for key in SHARED:
             if getattr(c, key) != getattr(resolved[0], key):
                 raise ValueError(f"run {i}: {key} = {getattr(c, key)!r}, but run 0 has {getattr(resolved[0], key)!r}; "
