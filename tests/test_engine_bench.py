@@ -34,7 +34,8 @@ def test_config_names():
     assert parse_configs("eager,eager-l4") == ["eager", "eager-l4"]
     assert eager_groups("eager") == 1 and eager_groups("eager-l4") == 4 and eager_groups("optimised") is None
     assert eager_groups("eager-l0") is None and eager_groups("packed-8") is None
-    for bad in ("eager-l0", "eager-lx", "eager-4", "fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
+    for bad in ("eager-l0", "eager-lx", "eager-4",
+                "fast", "packed-0", "packed-x", "", "packed-8-g0", "packed-8-4", "packed-8-g2-g2", "packed-g2",
                 "eval-0", "eval-x", "eval", "packed-lowp", "lowp", "packed-8-lowp-g2", "packed-8-compiled-lowp",
                 "packed-compiled"):
         with pytest.raises(ValueError):

@@ -210,7 +210,8 @@ def bench_options(be) -> None:
     be.add_argument("--method", default=None, help=f"comma-separated, from: {', '.join(CONFIGS)}")
     be.add_argument("--configs", default=None,
                     help="instead of --method: the engine's configurations, eager (the per-layer fp32 step), "
-                         "eager-lK (that step with its rows in K forwards by length, --length-groups K), optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max, and "
+                         "eager-lK (that step with its rows in K forwards by length, --length-groups K), "
+                         "optimised (fused, --dtype, buckets, CUDA graphs on a GPU), packed-N, packed-max, and "
                          "either pack with -gK (its runs in K forwards by batch width, e.g. packed-256-g4); on real "
                          "batches of --task (comma-separated, default sst2,rte): run-steps per second, MFU, ratios "
                          "to eager; eval-N: N runs' validation sets scored one run after another and in shared "

@@ -158,7 +158,7 @@ def _cell_settings(spec, row, profile, task, lr, seed, model, overrides):
                  **row.settings)
     s.update({k: v for k, v in overrides.items()
               if (row.method != "zeroshot" or k.startswith("n_") or k == "device")
-              and (k != "length_groups" or (row.method != "zeroshot" and k in registry.get(row.method).uses))})
+              and (k != "length_groups" or k in registry.get(row.method).uses)})
     if profile == "paper" and str(s.get("device", "cpu")).startswith("cuda") and row.method != "zeroshot" \
             and "cuda_graphs" in registry.get(row.method).uses:
         # the paper's budget on a GPU runs the optimised engine (chapter 5): each step replayed as a CUDA graph,
